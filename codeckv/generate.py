@@ -1,0 +1,77 @@
+"""Greedy decoding as a token stream, with the timings the measurements need.
+
+A hand-written loop rather than `model.generate` so that callers can interleave two
+runs (native and codec) token by token and time prefill and every decode step:
+
+    for step in greedy_stream(model, input_ids, cache, max_new_tokens=64, stop_ids={2}):
+        print(step.token_id, step.seconds)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import Cache, PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass
+class Step:
+    """One generated token: the prefill step has index 0."""
+
+    index: int
+    token_id: int
+    seconds: float  # wall time of the forward that produced this token (prefill for index 0)
+    logits: torch.Tensor  # (vocab,) fp32 logits that chose this token
+
+
+@torch.inference_mode()
+def greedy_stream(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,  # (1, T)
+    cache: Cache,
+    max_new_tokens: int,
+    stop_ids: set[int] | frozenset[int] = frozenset(),
+) -> Iterator[Step]:
+    """Prefill `input_ids` through `cache`, then feed back the argmax token one at a time."""
+    next_input = input_ids
+    position = 0
+    for index in range(max_new_tokens):
+        start = time.perf_counter()
+        length = next_input.shape[1]
+        positions = torch.arange(position, position + length, device=input_ids.device)[None]
+        out = model(input_ids=next_input, position_ids=positions, cache=cache, use_cache=True)
+        logits = out.logits[0, -1].float()
+        token_id = int(logits.argmax())
+        _sync(input_ids.device)
+        yield Step(index, token_id, time.perf_counter() - start, logits)
+        if token_id in stop_ids:
+            return
+        position += length
+        next_input = torch.tensor([[token_id]], device=input_ids.device)
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> frozenset[int]:
+    """Token ids that end a reply: the tokenizer's EOS and the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    configured = model.generation_config.eos_token_id
+    ids.update(configured if isinstance(configured, list) else [configured])
+    return frozenset(i for i in ids if i is not None)
+
+
+def chat_input_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict], device: torch.device) -> torch.Tensor:
+    """Apply the model's chat template (with the assistant prompt) -> (1, T) ids."""
+    if tokenizer.chat_template:
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        ids = encoded["input_ids"]
+    else:  # a base model: plain concatenation of the turns
+        text = "\n\n".join(m["content"] for m in messages)
+        ids = tokenizer(text, return_tensors="pt").input_ids
+    return ids.to(device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

