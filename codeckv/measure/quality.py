@@ -1,0 +1,83 @@
+"""Per-tier quality on the embedded corpus: archive bytes vs bf16, decode NLL and ΔNLL% (design.md).
+
+    rows = quality_table(loaded, ["png", "turbo-4"], windows=4, length=512)
+
+Native and every tier run on the same windows with the same protocol (measure/nll.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from transformers import DynamicCache
+
+from codeckv.cache import CodecCache, footprint
+from codeckv.measure.corpus import corpus_windows
+from codeckv.measure.nll import decode_nll, delta_percent
+from codeckv.models import LoadedModel
+from codeckv.tiers import Tier, get_tier
+
+
+@dataclass
+class QualityRow:
+    tier: str
+    description: str
+    archive_bytes: int  # codec-carrying layers, at the end of a window (mean over windows)
+    bf16_bytes: int  # a bf16 native cache of the same tokens
+    ratio_vs_bf16: float
+    nll: float
+    delta_nll_pct: float
+    windows: int
+    tokens_per_window: int
+
+
+def quality_table(
+    loaded: LoadedModel,
+    tiers: list[str | Tier],
+    windows: int = 4,
+    length: int = 512,
+    progress: Callable[[str], None] | None = None,
+) -> list[QualityRow]:
+    """Measure native first, then each tier, on the first `windows` corpus windows of `length` tokens."""
+    data = corpus_windows(loaded.tokenizer, windows, length)
+    config = loaded.model.config
+    tiers = [get_tier(t) if isinstance(t, str) else t for t in tiers]
+    if not any(t.key is None for t in tiers):
+        tiers = [get_tier("native"), *tiers]
+    rows, native_nll = [], None
+    for tier in tiers:
+        caches = []
+
+        def make_cache(tier=tier, caches=caches):
+            cache = DynamicCache(config=config) if tier.key is None else CodecCache.from_config(config, tier)
+            caches.append(cache)
+            return cache
+
+        nlls, archive, bf16 = [], 0, 0
+        for index, window in enumerate(data):
+            if progress:
+                progress(f"{tier.name}: window {index + 1}/{windows}")
+            nlls.append(decode_nll(loaded.model, window, make_cache).mean)
+            fp = footprint(caches[-1])
+            archive, bf16 = archive + fp.archive_bytes, bf16 + fp.bf16_bytes
+        nll = sum(nlls) / len(nlls)
+        native_nll = nll if tier.key is None else native_nll
+        rows.append(
+            QualityRow(
+                tier=tier.name,
+                description=tier.description,
+                archive_bytes=archive // windows,
+                bf16_bytes=bf16 // windows,
+                ratio_vs_bf16=archive / bf16,
+                nll=nll,
+                delta_nll_pct=delta_percent(nll, native_nll),
+                windows=windows,
+                tokens_per_window=length,
+            )
+        )
+    return rows
+
+
+def as_dicts(rows: list[QualityRow]) -> list[dict]:
+    return [asdict(r) for r in rows]

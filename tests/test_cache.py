@@ -1,0 +1,134 @@
+"""CodecCache as a transformers Cache: exactness of png, beams, crop, causal safety, hybrid layers, footprint."""
+
+import pytest
+import torch
+from transformers import DynamicCache, Gemma3TextConfig, Gemma3ForCausalLM
+
+from codeckv.cache import CodecCache, CodecLayer, footprint
+from codeckv.tiers import TIERS
+
+PROMPT = "The history of the printing press begins in"
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(loaded):
+    return loaded.tokenizer(PROMPT, return_tensors="pt").input_ids
+
+
+def _greedy(model, ids, cache, n, **kwargs):
+    out = model.generate(ids, cache=cache, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kwargs)
+    return out[:, ids.shape[1] :]
+
+
+def test_png_generates_exactly_the_native_tokens(loaded, prompt_ids):
+    native = _greedy(loaded.model, prompt_ids, DynamicCache(config=loaded.model.config), 64)
+    codec = CodecCache.from_config(loaded.model.config, "png")
+    got = _greedy(loaded.model, prompt_ids, codec, 64)
+    assert torch.equal(native, got), "png is lossless: its greedy tokens must equal the native cache's"
+    assert codec.layers[0].archive_k.tokens > 0, "blocks must really have been archived"
+
+
+def test_png_beam_search_matches_native(loaded, prompt_ids):
+    native = _greedy(loaded.model, prompt_ids, DynamicCache(config=loaded.model.config), 20, num_beams=3)
+    got = _greedy(loaded.model, prompt_ids, CodecCache.from_config(loaded.model.config, "png"), 20, num_beams=3)
+    assert torch.equal(native, got)
+
+
+@pytest.mark.parametrize("remove", [1, 5, 8, 13])
+def test_crop_then_continue_equals_a_fresh_run(loaded, remove):
+    ids = loaded.tokenizer(PROMPT + " the fifteenth century, when Johannes", return_tensors="pt").input_ids
+    model = loaded.model
+    cache = CodecCache.from_config(model.config, "png")
+    with torch.inference_mode():
+        model(ids, cache=cache)
+        cache.crop(-remove)
+        assert cache.get_seq_length() == ids.shape[1] - remove
+        cropped_logits = model(ids[:, -remove:], cache=cache).logits
+        fresh_logits = model(ids, cache=CodecCache.from_config(model.config, "png")).logits[:, -remove:]
+    torch.testing.assert_close(cropped_logits, fresh_logits, rtol=1e-4, atol=1e-4, msg="crop then continue")
+
+
+@pytest.mark.parametrize("tier", ["jpeg-k2-int8", "turbo-4", "png"])
+def test_archived_bytes_never_change_when_later_tokens_change(tier):
+    """Causal safety: the archive of the first blocks is bitwise independent of anything appended later."""
+    torch.manual_seed(0)
+    layer = CodecLayer(TIERS[tier])
+    first = torch.randn(1, 2, 32, 64)
+    layer.update(first, first.clone())
+    layer.update(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64))  # flushes the first 32 tokens
+    before = {k: v.clone() for k, v in layer.archive_k.encoded().data.items()}
+    archived = layer.archive_k.tokens
+    for _ in range(20):
+        noise = 1e3 * torch.randn(1, 2, 1, 64)
+        layer.update(noise, noise)
+    after = layer.archive_k.encoded().data
+    for name, tensor in before.items():
+        assert torch.equal(after[name][:, :, : tensor.shape[2]], tensor), f"{tier}: archived '{name}' changed"
+    assert layer.archive_k.tokens > archived
+
+
+def test_decode_step_writes_in_place_without_reallocating():
+    layer = CodecLayer(TIERS["jpeg-k8-int8"])
+    layer.update(torch.randn(1, 2, 40, 64), torch.randn(1, 2, 40, 64))
+    pointer = layer._view_k.data_ptr()
+    for _ in range(16):
+        keys, _ = layer.update(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64))
+    assert layer._view_k.data_ptr() == pointer, "a decode step must not reallocate the view"
+    assert keys.shape[2] == 56 and keys.data_ptr() == pointer
+
+
+def test_keep_first_and_keep_recent_stay_exact():
+    tier = TIERS["jpeg-k2"]
+    layer = CodecLayer(tier.__class__(**{**tier.__dict__, "keep_first": 4, "keep_recent": 16}))
+    x = torch.randn(1, 1, 100, 64)
+    layer.update(x, x)
+    keys, _ = layer.update(torch.zeros(1, 1, 1, 64), torch.zeros(1, 1, 1, 64))
+    assert torch.equal(keys[:, :, :4], x[:, :, :4]), "sink tokens are kept at full precision"
+    assert torch.equal(keys[:, :, 84:100], x[:, :, 84:100]), "the recent window is kept at full precision"
+    assert not torch.equal(keys[:, :, 4:84], x[:, :, 4:84]), "the middle is archived lossily"
+    assert layer.archived_upto == 4 + 80
+
+
+def test_footprint_png_equals_native_bytes_and_is_honest(loaded, prompt_ids):
+    native_cache = DynamicCache(config=loaded.model.config)
+    codec = CodecCache.from_config(loaded.model.config, "png")
+    with torch.inference_mode():
+        loaded.model(prompt_ids, cache=native_cache)
+        loaded.model(prompt_ids, cache=codec)
+    native, fp = footprint(native_cache), codec.footprint()
+    assert fp.archive_bytes == native.archive_bytes, "png stores exactly the native cache's bytes"
+    assert fp.bf16_bytes == native.bf16_bytes == 2 * 30 * 3 * prompt_ids.shape[1] * 64 * 2
+    assert fp.resident_bytes >= fp.archive_bytes
+    assert len(fp.layers) == 30 and fp.native_layer_bytes == 0
+
+
+def test_lossy_tier_footprint_ratio(loaded):
+    codec = CodecCache.from_config(loaded.model.config, "turbo-4")
+    ids = torch.randint(100, 5000, (1, 256))
+    with torch.inference_mode():
+        loaded.model(ids, cache=codec)
+    fp = codec.footprint()
+    assert fp.ratio <= 0.32, f"turbo-4 archive is {fp.ratio:.3f} of bf16"
+
+
+def test_hybrid_gemma3_gets_codec_layers_only_on_full_attention():
+    config = Gemma3TextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, sliding_window=16, max_position_embeddings=256,
+        layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"],
+    )
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(config).eval()
+    cache = CodecCache.from_config(config, "png")
+    codec_layers = [i for i, layer in enumerate(cache.layers) if isinstance(layer, CodecLayer)]
+    assert codec_layers == [i for i, t in enumerate(config.layer_types) if t == "full_attention"] == [2, 5]
+    ids = torch.randint(0, 128, (1, 40))
+    native = _greedy(model, ids, DynamicCache(config=config), 24)
+    assert torch.equal(_greedy(model, ids, cache, 24), native), "png on a hybrid model is exact too"
+    fp = cache.footprint()
+    assert fp.native_layer_bytes > 0 and fp.archive_bytes > 0
+
+
+def test_native_tier_builds_plain_dynamic_layers(loaded):
+    cache = CodecCache.from_config(loaded.model.config, "native")
+    assert not any(isinstance(layer, CodecLayer) for layer in cache.layers)
