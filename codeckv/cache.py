@@ -18,6 +18,8 @@ at the start of the next update every complete block that left the recent window
 encoded, appended to the archive and decoded once into a preallocated, capacity-
 doubling view that attention reads. A decode step therefore costs O(one block):
 no full-length concatenation or re-decode per step.
+
+The cache is for inference: its buffers are inference-mode tensors.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class CodecLayer(DynamicLayer):
         self.device, self.dtype = key_states.device, key_states.dtype
         self.is_initialized = True
 
+    @torch.inference_mode()
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Archive what became archivable, append the new (B, H, T, D) states raw, return the (B, H, S, D) views."""
         if not self.is_initialized:
@@ -116,6 +119,7 @@ class CodecLayer(DynamicLayer):
         self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
         return self.keys, self.values
 
+    @torch.inference_mode()
     def flush(self) -> None:
         """Encode every complete block that is neither a sink nor in the recent window, then decode it into the view."""
         end = self.length - self.tier.keep_recent
@@ -162,6 +166,7 @@ class CodecLayer(DynamicLayer):
         self.is_initialized = False
         self._reset_state()
 
+    @torch.inference_mode()
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last -tokens_to_remove tokens (transformers 5.24: a negative count).
 
@@ -184,6 +189,7 @@ class CodecLayer(DynamicLayer):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx)
 
+    @torch.inference_mode()
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self._view_k is None:
             return
@@ -193,6 +199,7 @@ class CodecLayer(DynamicLayer):
         self.archive_v.select_batch(indices)
         self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
 
+    @torch.inference_mode()
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self._view_k is None:
             return
