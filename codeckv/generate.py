@@ -64,7 +64,9 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -
 def chat_input_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict], device: torch.device) -> torch.Tensor:
     """Apply the model's chat template (with the assistant prompt) -> (1, T) ids."""
     if tokenizer.chat_template:
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        encoded = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         ids = encoded["input_ids"]
     else:  # a base model: plain concatenation of the turns
         text = "\n\n".join(m["content"] for m in messages)

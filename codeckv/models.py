@@ -15,13 +15,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import safetensors.torch
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -144,7 +145,8 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
         model, tokenizer, source = _load_hub(name, dtype), AutoTokenizer.from_pretrained(name), "hub"
     else:
         raise ModelUnavailableError(
-            f"unknown model '{name}': use one of {sorted(EMBEDDED)} or a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'"
+            f"unknown model '{name}': use one of {sorted(EMBEDDED)} "
+            "or a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'"
         )
     model = model.to(device).eval()
     return LoadedModel(model, tokenizer, _describe(name, source, model, time.perf_counter() - start))
@@ -195,13 +197,12 @@ def _load_hub(hub_id: str, dtype: torch.dtype) -> PreTrainedModel:
 
 def _describe(name: str, source: str, model: PreTrainedModel, seconds: float) -> ModelInfo:
     config = model.config.get_text_config(decoder=True)
-    n_layers = config.num_hidden_layers
-    layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * n_layers)
+    layer_types, _ = get_layer_types_and_kwargs(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return ModelInfo(
         name=name,
         source=source,
-        layer_types=layer_types,
+        layer_types=list(layer_types),
         num_kv_heads=config.num_key_value_heads,
         head_dim=head_dim,
         dtype=str(model.dtype).removeprefix("torch."),

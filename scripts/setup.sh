@@ -31,7 +31,7 @@ install_once() {  # install_once NAME FILE... -- PIP-ARGS...
   local stamp="$VENV/.setup-$name" want; want=$(stamp_of "${files[@]}")
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "setup: installing $name ..."
-    "${PIP[@]}" "$@"
+    "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither" >&2)
     echo "$want" > "$stamp"
   fi
 }

@@ -10,7 +10,8 @@ from codeckv.models import ModelUnavailableError, load_model
 def test_default_model_answers_paris(loaded):
     ids = chat_input_ids(loaded.tokenizer, [{"role": "user", "content": "What is the capital of France?"}], "cpu")
     cache = DynamicCache(config=loaded.model.config)
-    tokens = [s.token_id for s in greedy_stream(loaded.model, ids, cache, 24, stop_token_ids(loaded.tokenizer, loaded.model))]
+    stops = stop_token_ids(loaded.tokenizer, loaded.model)
+    tokens = [s.token_id for s in greedy_stream(loaded.model, ids, cache, 24, stops)]
     answer = loaded.tokenizer.decode(tokens, skip_special_tokens=True)
     assert "Paris" in answer, answer
 

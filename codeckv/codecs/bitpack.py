@@ -24,7 +24,7 @@ ALLOWED_BITS = (2, 3, 4, 8)
 
 def check_bits(bits: int, name: str) -> None:
     """Raise ValueError unless bits is one of ALLOWED_BITS."""
-    if bits not in ALLOWED_BITS:
+    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in ALLOWED_BITS:
         raise ValueError(f"{name}: bits={bits!r} is not supported (allowed: {ALLOWED_BITS})")
 
 

@@ -56,8 +56,7 @@ class DCT:
             )
         if self.coeffs is not None and not isinstance(self.coeffs, Codec):
             raise ValueError(
-                f"DCT: coeffs={self.coeffs!r} is not a codec (allowed: None or a quantizer "
-                "such as GroupQuant(bits=8))"
+                f"DCT: coeffs={self.coeffs!r} is not a codec (allowed: None or a quantizer such as GroupQuant(bits=8))"
             )
 
     @property

@@ -64,9 +64,7 @@ class Delta:
         """Split x (B, H, S, D) into anchors and deltas; see the module docstring."""
         check_input(x, self.block_tokens, "Delta")
         if x.dtype not in BIT_PATTERN:
-            raise ValueError(
-                f"Delta: dtype {x.dtype} is not supported (allowed: {list(BIT_PATTERN)})"
-            )
+            raise ValueError(f"Delta: dtype {x.dtype} is not supported (allowed: {list(BIT_PATTERN)})")
         b, h, s, d = x.shape
         blocks = x.contiguous().reshape(b, h, s // self.block_size, self.block_size, d)
         patterns = blocks.view(BIT_PATTERN[x.dtype]).to(torch.int64)  # (B, H, nb, r, D)

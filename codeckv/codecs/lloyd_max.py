@@ -3,24 +3,28 @@
 After a random Hadamard rotation (see rotation.py) the coordinates of a KV vector
 are close to Gaussian, so the levels that minimise the mean squared error of a
 N(0, 1) variable (Lloyd-Max) beat a uniform min/max grid at the same bits, and a
-group needs one fp16 statistic (its RMS) instead of a scale and a zero.
+group needs one fp16 scale instead of a scale and a zero.
 
 The codebook is computed here, once per bit width, by Lloyd iteration on the
 exact Gaussian density: thresholds are the midpoints of neighbouring levels, each
 level is the mean of N(0, 1) between its thresholds,
 E[X | a < X < b] = (pdf(a) - pdf(b)) / (cdf(b) - cdf(a)).
 
+A group of 32 samples rarely reaches the outer Gaussian levels, so encode tries
+each multiple in `scales` of the group RMS and keeps, per group, the fp16 scale
+with the lowest squared error; `scales=(1.0,)` is the plain RMS. Decode does not
+depend on how the scale was chosen.
+
 Groups are as in quant.py: per token (`group` channels of one token) or per channel
-(`group` consecutive tokens of one channel, block_tokens = group). With
-`center=True` each group also stores its mean and the scale is the RMS around it.
+(`group` consecutive tokens of one channel, block_tokens = group). No zero point is
+stored: after the rotation a group's mean is close to 0.
 
 Storage (`Encoded.data`):
 
     codes  (B, H, S, D*bits/8)  uint8    codebook indices, packed LSB-first (see bitpack)
     scale  (B, H, S, D/group)   float16  per token | (B, H, S/group, D) per channel
-    mean   same as scale        float16  only when center=True
 
-Decode: x = codebook(bits)[code] * scale (+ mean); codebook(bits) is ascending,
+Decode: x = codebook(bits)[code] * scale; codebook(bits) is ascending,
 float32, shape (2**bits,), symmetric around 0.
 """
 
@@ -36,6 +40,7 @@ from codeckv.codecs.base import Encoded, check_input
 from codeckv.codecs.bitpack import check_bits, pack_bits, unpack_bits
 from codeckv.codecs.quant import check_group, check_row, grouped
 
+SCALE_SEARCH = tuple(round(0.5 + 0.05 * i, 2) for i in range(21))  # 0.5, 0.55, ..., 1.5
 _TOLERANCE = 1e-6  # stop when no level moves by more than this (in units of sigma)
 _MAX_ITERATIONS = 100_000
 
@@ -74,16 +79,21 @@ def thresholds(bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
 
 @dataclass(frozen=True)
 class LloydMaxQuant:
-    """Gaussian Lloyd-Max levels times a per-group fp16 RMS (and mean when `center`)."""
+    """Gaussian Lloyd-Max levels times a per-group fp16 scale (a searched multiple of the RMS)."""
 
     bits: int = 4
     group: int = 32
     per_channel: bool = False
-    center: bool = False
+    scales: tuple[float, ...] = SCALE_SEARCH
 
     def __post_init__(self) -> None:
         check_bits(self.bits, "LloydMaxQuant")
         check_group(self.group, "LloydMaxQuant")
+        if not self.scales or not all(isinstance(m, (int, float)) and m > 0 for m in self.scales):
+            raise ValueError(
+                f"LloydMaxQuant: scales={self.scales!r} must be a non-empty tuple of positive "
+                "multiples of the group RMS (e.g. (1.0,) or the default 0.5..1.5 grid)"
+            )
 
     @property
     def block_tokens(self) -> int:
@@ -91,33 +101,41 @@ class LloydMaxQuant:
         return self.group if self.per_channel else 1
 
     def encode(self, x: torch.Tensor) -> Encoded:
-        """Normalise each group by its RMS and store the nearest codebook index."""
+        """Per group: nearest codebook index under the best of the candidate fp16 scales."""
         check_input(x, self.block_tokens, "LloydMaxQuant")
         check_row(tuple(x.shape), self.bits, self.group, self.per_channel, "LloydMaxQuant")
         xg, axis = grouped(x.float(), self.group, self.per_channel)
-        data: dict[str, torch.Tensor] = {}
-        if self.center:
-            mean = xg.mean(axis, keepdim=True).half()
-            xg = xg - mean.float()
-            data["mean"] = mean.squeeze(axis)
-        scale = xg.square().mean(axis, keepdim=True).sqrt().half()
-        s = scale.float()
-        unit = torch.where(s > 0, xg / s, torch.zeros_like(xg))
-        codes = torch.bucketize(unit, thresholds(self.bits, x.device))  # nearest level
-        data["codes"] = pack_bits(codes.reshape(x.shape), self.bits)  # (B, H, S, D*bits/8)
-        data["scale"] = scale.squeeze(axis)  # (B, H, S, D/g) or (B, H, S/g, D)
+        rms = xg.square().mean(axis, keepdim=True).sqrt()
+        codes, scale, error = self._fit(xg, axis, rms * self.scales[0])
+        for multiple in self.scales[1:]:
+            c, sc, err = self._fit(xg, axis, rms * multiple)
+            better = err < error  # per group
+            codes = torch.where(better, c, codes)
+            scale = torch.where(better, sc, scale)
+            error = torch.minimum(err, error)
+        data = {
+            "codes": pack_bits(codes.reshape(x.shape), self.bits),  # (B, H, S, D*bits/8)
+            "scale": scale.squeeze(axis),  # (B, H, S, D/g) or (B, H, S/g, D)
+        }
         return Encoded(data, tuple(x.shape), x.dtype)
 
+    def _fit(self, xg: torch.Tensor, axis: int, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Nearest-level codes of the groups xg under fp16(scale): (codes, fp16 scale, squared error)."""
+        scale = scale.half()
+        s = scale.float()
+        unit = torch.where(s > 0, xg / s, torch.zeros_like(xg))
+        codes = torch.bucketize(unit, thresholds(self.bits, xg.device))
+        error = (codebook(self.bits, xg.device)[codes] * s - xg).square().sum(axis, keepdim=True)
+        return codes, scale, error
+
     def decode(self, enc: Encoded) -> torch.Tensor:
-        """x = codebook[code] * scale (+ mean), as (B, H, S, D) in the original dtype."""
+        """x = codebook[code] * scale, as (B, H, S, D) in the original dtype."""
         codes = unpack_bits(enc.data["codes"], self.bits)  # (B, H, S, D)
         levels = codebook(self.bits, codes.device)[codes]
         lg, axis = grouped(levels, self.group, self.per_channel)
         out = lg * enc.data["scale"].float().unsqueeze(axis)
-        if self.center:
-            out = out + enc.data["mean"].float().unsqueeze(axis)
         return out.reshape(enc.shape).to(enc.dtype)
 
     def nbytes(self, enc: Encoded) -> int:
-        """Codes, scales and (when centered) means."""
+        """Codes and scales."""
         return enc.nbytes

@@ -45,9 +45,7 @@ def check_row(shape: tuple[int, ...], bits: int, group: int, per_channel: bool, 
         )
     if not per_channel and head_dim % group:
         divisors = [g for g in range(1, head_dim + 1) if head_dim % g == 0]
-        raise ValueError(
-            f"{name}: group={group} must divide head_dim={head_dim} (allowed: {divisors})"
-        )
+        raise ValueError(f"{name}: group={group} must divide head_dim={head_dim} (allowed: {divisors})")
 
 
 def grouped(x: torch.Tensor, group: int, per_channel: bool) -> tuple[torch.Tensor, int]:

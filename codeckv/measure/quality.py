@@ -56,11 +56,11 @@ def quality_table(
 
         nlls, archive, bf16 = [], 0, 0
         for index, window in enumerate(data):
-            if progress:
-                progress(f"{tier.name}: window {index + 1}/{windows}")
             nlls.append(decode_nll(loaded.model, window, make_cache).mean)
             fp = footprint(caches[-1])
             archive, bf16 = archive + fp.archive_bytes, bf16 + fp.bf16_bytes
+            if progress:
+                progress(f"{tier.name}: window {index + 1}/{windows} done")
         nll = sum(nlls) / len(nlls)
         native_nll = nll if tier.key is None else native_nll
         rows.append(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 
@@ -31,10 +32,21 @@ def write_csv(rows: list[dict], path: str | Path) -> Path:
 
 
 def write_json(payload, path: str | Path) -> Path:
+    """Strict JSON: inf and nan (e.g. the PSNR of a lossless tier) become null."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=str))
+    path.write_text(json.dumps(_strict(payload), indent=2, default=str, allow_nan=False))
     return path
+
+
+def _strict(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
 
 
 def _cell(value) -> str:

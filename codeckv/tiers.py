@@ -1,0 +1,241 @@
+"""Codec tiers: named (key codec, value codec) pairs; the only place tiers are defined.
+
+A tier is data: its codecs are configured instances, so behaviour never depends on
+its name. `TIERS` holds the presets the app and the CLI sweep; `custom_tier` builds
+one from the knobs of the app's "Advanced" panel. Each preset declares beside it
+`max_rel_error`, the bound its round trip must meet on the test signal of
+tests/codecs (a random-walk KV-like tensor with noise and outlier channels).
+
+Why the turbo tiers quantize keys per channel without rotating them: key outliers
+sit in fixed channels and vary slowly along the sequence, so per-channel groups of
+tokens (KIVI) fit them best, and a rotation would smear them into every
+coordinate. Values have no such structure; a random Hadamard rotation makes them
+Gaussian, where Lloyd-Max levels with one searched fp16 scale per group win.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from codeckv.codecs.base import Codec
+from codeckv.codecs.bitpack import ALLOWED_BITS
+from codeckv.codecs.dct import DCT
+from codeckv.codecs.delta import Delta
+from codeckv.codecs.lloyd_max import LloydMaxQuant
+from codeckv.codecs.quant import GroupQuant
+from codeckv.codecs.rotation import Rotation
+
+
+def _check_count(value: int, name: str) -> None:
+    """Raise ValueError unless value is a non-negative integer."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r} must be a non-negative integer (0 = off)")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A key codec and a value codec (None = stored natively) plus full-precision windows."""
+
+    name: str
+    description: str  # one line, shown in the UI
+    key: Codec | None = None
+    value: Codec | None = None
+    keep_first: int = 0  # sink tokens kept at full precision
+    keep_recent: int = 0  # most recent tokens kept at full precision
+    max_rel_error: float = math.inf  # bound on ||decode(encode(x)) - x|| / ||x|| on the test signal
+
+    def __post_init__(self) -> None:
+        for side, codec in (("key", self.key), ("value", self.value)):
+            if codec is not None and not isinstance(codec, Codec):
+                raise ValueError(f"Tier {self.name!r}: {side}={codec!r} is not a codec (allowed: None or a codec)")
+        _check_count(self.keep_first, f"Tier {self.name!r}: keep_first")
+        _check_count(self.keep_recent, f"Tier {self.name!r}: keep_recent")
+        if not self.max_rel_error >= 0:
+            raise ValueError(f"Tier {self.name!r}: max_rel_error={self.max_rel_error!r} must be >= 0")
+
+    @property
+    def is_native(self) -> bool:
+        """True when neither keys nor values are encoded."""
+        return self.key is None and self.value is None
+
+
+def _archived_bytes(codec: Codec | None, tier: Tier, seq_len: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes one (1 head) K or V stream of seq_len tokens takes under the cache's rule.
+
+    Sinks, the recent window and the incomplete tail stay raw in `dtype`; the rest,
+    whole multiples of block_tokens, is archived by the codec.
+    """
+    raw_bytes = torch.empty((), dtype=dtype).element_size() * head_dim
+    if codec is None:
+        return seq_len * raw_bytes
+    middle = max(0, seq_len - tier.keep_first - tier.keep_recent)
+    archived = middle // codec.block_tokens * codec.block_tokens
+    enc = codec.encode(torch.zeros(1, 1, archived, head_dim, dtype=dtype))
+    return codec.nbytes(enc) + (seq_len - archived) * raw_bytes
+
+
+def bytes_ratio(tier: Tier, head_dim: int, seq_len: int = 1024, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Stored K+V bytes of seq_len tokens (metadata and raw tokens in `dtype` included) / bf16 native."""
+    if seq_len < 1:
+        raise ValueError(f"bytes_ratio: seq_len={seq_len!r} must be >= 1")
+    stored = sum(_archived_bytes(c, tier, seq_len, head_dim, dtype) for c in (tier.key, tier.value))
+    return stored / (2 * seq_len * head_dim * 2)
+
+
+def _tiers(*tiers: Tier) -> dict[str, Tier]:
+    """Index tiers by name."""
+    return {t.name: t for t in tiers}
+
+
+TIERS: dict[str, Tier] = _tiers(
+    Tier("native", "Native cache, no compression", max_rel_error=0.0),
+    Tier(
+        "png",
+        "Lossless: per-block anchor + bit-pattern deltas (r=8); saving shows after zstd",
+        key=Delta(block_size=8),
+        value=Delta(block_size=8),
+        max_rel_error=0.0,
+    ),
+    Tier(
+        "jpeg-k8-int8",
+        "DCT r=8, all 8 frequencies, coefficients 8-bit (group 64)",
+        key=DCT(block_size=8, k=8, coeffs=GroupQuant(bits=8, group=64)),
+        value=DCT(block_size=8, k=8, coeffs=GroupQuant(bits=8, group=64)),
+        max_rel_error=0.012,
+    ),
+    Tier(
+        "jpeg-k4",
+        "DCT r=8, keep the 4 lowest frequencies, coefficients in the cache dtype",
+        key=DCT(block_size=8, k=4),
+        value=DCT(block_size=8, k=4),
+        max_rel_error=0.07,
+    ),
+    Tier(
+        "jpeg-k2",
+        "DCT r=8, keep the 2 lowest frequencies, coefficients in the cache dtype",
+        key=DCT(block_size=8, k=2),
+        value=DCT(block_size=8, k=2),
+        max_rel_error=0.1,
+    ),
+    Tier(
+        "jpeg-k2-int8",
+        "DCT r=8, keep the 2 lowest frequencies, coefficients 8-bit (group 64)",
+        key=DCT(block_size=8, k=2, coeffs=GroupQuant(bits=8, group=64)),
+        value=DCT(block_size=8, k=2, coeffs=GroupQuant(bits=8, group=64)),
+        max_rel_error=0.1,
+    ),
+    Tier(
+        "int8",
+        "8-bit min/max per token, groups of 32 channels",
+        key=GroupQuant(bits=8, group=32),
+        value=GroupQuant(bits=8, group=32),
+        max_rel_error=0.01,
+    ),
+    Tier(
+        "turbo-4",
+        "K 4-bit per channel (32 tokens), V rotated 4-bit Lloyd-Max (group 32)",
+        key=GroupQuant(bits=4, group=32, per_channel=True),
+        value=Rotation(inner=LloydMaxQuant(bits=4, group=32)),
+        max_rel_error=0.09,
+    ),
+    Tier(
+        "turbo-3",
+        "K 3-bit per channel (32 tokens), V rotated 3-bit Lloyd-Max (group 32)",
+        key=GroupQuant(bits=3, group=32, per_channel=True),
+        value=Rotation(inner=LloydMaxQuant(bits=3, group=32)),
+        max_rel_error=0.18,
+    ),
+    Tier(
+        "turbo-k4v2",
+        "K 4-bit per channel (32 tokens), V rotated 2-bit Lloyd-Max (group 32)",
+        key=GroupQuant(bits=4, group=32, per_channel=True),
+        value=Rotation(inner=LloydMaxQuant(bits=2, group=32)),
+        max_rel_error=0.35,
+    ),
+)
+
+
+def get_tier(name: str) -> Tier:
+    """TIERS[name], or a ValueError listing the tier names."""
+    if name not in TIERS:
+        raise ValueError(f"unknown tier {name!r} (allowed: {', '.join(TIERS)})")
+    return TIERS[name]
+
+
+def _quantizer(bits: int, group: int, lloyd_max: bool) -> Codec:
+    """A per-token quantizer: Lloyd-Max levels or a min/max grid."""
+    if lloyd_max:
+        return LloydMaxQuant(bits=bits, group=group)
+    return GroupQuant(bits=bits, group=group)
+
+
+def _check_bits(value: int | None, name: str) -> None:
+    """Raise ValueError unless value is None or a supported bit width."""
+    if value is not None and (isinstance(value, bool) or value not in ALLOWED_BITS):
+        raise ValueError(f"custom_tier: {name}={value!r} is not supported (allowed: {(None, *ALLOWED_BITS)})")
+
+
+def custom_tier(
+    block_size: int = 8,
+    k: int | None = None,
+    bits: int | None = None,
+    group: int = 32,
+    rotation: bool = False,
+    keep_first: int = 0,
+    keep_recent: int = 0,
+    value_bits: int | None = None,
+    lloyd_max: bool = False,
+    per_channel_keys: bool = False,
+    name: str = "custom",
+) -> Tier:
+    """Build a tier from the "Advanced" knobs; impossible settings raise ValueError.
+
+    k: DCT frequencies kept per block of block_size tokens (None = no DCT).
+    bits: key bits (None = no quantization); value_bits: value bits (None = bits).
+    group: quantization group size; rotation: random Hadamard before quantizing;
+    lloyd_max: Gaussian Lloyd-Max levels instead of a min/max grid;
+    per_channel_keys: keys in per-channel groups of `group` tokens, min/max grid,
+    not rotated (KIVI). With DCT, the quantizer encodes the DCT coefficients.
+    keep_first / keep_recent: sink tokens and recent window kept at full precision.
+    """
+    _check_bits(bits, "bits")
+    _check_bits(value_bits, "value_bits")
+    if bits is None:
+        needs_bits = {
+            "value_bits": value_bits is not None,
+            "rotation": rotation,
+            "lloyd_max": lloyd_max,
+            "per_channel_keys": per_channel_keys,
+        }
+        for option, on in needs_bits.items():
+            if on:
+                raise ValueError(f"custom_tier: {option} needs quantization (allowed bits: {ALLOWED_BITS})")
+    value_bits = bits if value_bits is None else value_bits
+
+    key_codec: Codec | None = None
+    value_codec: Codec | None = None
+    parts = [f"DCT r={block_size} k={k}"] if k is not None else []
+    if bits is not None:
+        levels = "Lloyd-Max" if lloyd_max else "min/max"
+        rotated = "rotated " if rotation else ""
+        value_codec = _quantizer(value_bits, group, lloyd_max)
+        if per_channel_keys:
+            key_codec = GroupQuant(bits=bits, group=group, per_channel=True)
+            keys = f"{bits}-bit per channel ({group} tokens)"
+        else:
+            key_codec = _quantizer(bits, group, lloyd_max)
+            keys = f"{rotated}{bits}-bit {levels}"
+        if rotation:
+            value_codec = Rotation(inner=value_codec)
+            key_codec = key_codec if per_channel_keys else Rotation(inner=key_codec)
+        parts.append(f"K {keys}, V {rotated}{value_bits}-bit {levels} (group {group})")
+    if k is not None:
+        key_codec = DCT(block_size=block_size, k=k, coeffs=key_codec)
+        value_codec = DCT(block_size=block_size, k=k, coeffs=value_codec)
+    if keep_first or keep_recent:
+        parts.append(f"{keep_first} sink + {keep_recent} recent tokens raw")
+    description = ", ".join(parts) if parts else "No compression"
+    return Tier(name, description, key=key_codec, value=value_codec, keep_first=keep_first, keep_recent=keep_recent)
