@@ -1,49 +1,307 @@
-"""KV Codec Studio — Gradio layout and event wiring only; every number comes from codeckv."""
+"""KV Codec Studio — Gradio layout and event wiring only; every number and figure comes from codeckv.
 
+Tabs: Chat (native vs codec cache, streamed side by side), Inspect (KV heatmaps, DCT spectra,
+per-layer errors), Tier sweep (every tier on one prompt: table, charts, CSV/JSON downloads).
+`python app.py` serves on $GRADIO_SERVER_NAME:$PORT (default 127.0.0.1:7860).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect as pyinspect
 import os
+import tempfile
+from pathlib import Path
 
 import gradio as gr
-from transformers import DynamicCache
 
-from codeckv.generate import chat_input_ids, greedy_stream, stop_token_ids
-from codeckv.models import load_model
+from codeckv import plots
+from codeckv.formatting import codec_stats_markdown, model_markdown, native_stats_markdown
+from codeckv.measure.inspect import inspect_tier
+from codeckv.measure.side_by_side import prompt_ids, stream_side_by_side
+from codeckv.measure.sweep import as_dicts, sweep
+from codeckv.measure.table import write_csv, write_json
+from codeckv.models import DEFAULT_MODEL, ModelUnavailableError, available_models, shared_model
+from codeckv.tiers import TIERS, custom_tier, get_tier
+from kernels import backend_name
 
-MAX_NEW_TOKENS = 128
-LOADED = load_model(os.environ.get("CODECKV_MODEL"))
-
-
-def chat(message: str, history: list[dict]):
-    """Stream the native-cache answer to `message`, multi-turn through the chat template."""
-    if not message.strip():
-        raise gr.Error("Type a message first.")
-    messages = [{"role": m["role"], "content": m["content"]} for m in history] + [{"role": "user", "content": message}]
-    ids = chat_input_ids(LOADED.tokenizer, messages, LOADED.model.device)
-    if ids.shape[1] + MAX_NEW_TOKENS > LOADED.info.max_context:
-        raise gr.Error(f"The conversation is {ids.shape[1]} tokens; the model's context is {LOADED.info.max_context}.")
-    cache = DynamicCache(config=LOADED.model.config)
-    tokens = []
-    stops = stop_token_ids(LOADED.tokenizer, LOADED.model)
-    for step in greedy_stream(LOADED.model, ids, cache, MAX_NEW_TOKENS, stops):
-        tokens.append(step.token_id)
-        yield LOADED.tokenizer.decode(tokens, skip_special_tokens=True)
+CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
+EXAMPLES = [line for line in (Path(__file__).parent / "assets" / "examples.txt").read_text().splitlines() if line]
+MAX_NEW_TOKENS = 256
+SWEEP_COLUMNS = ["tier", "ratio_vs_bf16", "delta_nll_pct", "decode_ms", "latency_ratio", "token_match", "psnr_db"]
+BITS_CHOICES = ["none", "2", "3", "4", "8"]
 
 
-def model_info_markdown() -> str:
-    info = LOADED.info
-    return (
-        f"**{info.name}** ({info.source}, loaded in {info.load_seconds} s) · {len(info.layer_types)} layers "
-        f"({info.codec_layers} full attention) · {info.num_kv_heads} KV heads × head_dim {info.head_dim} · "
-        f"{info.dtype} on {info.device} · KV bytes/token (bf16): {info.kv_bytes_per_token_bf16:,}"
+def guarded(handler):
+    """Show any failure as a clear gr.Error (never a stack trace); the app keeps serving."""
+
+    def explain(err: Exception) -> gr.Error:
+        if isinstance(err, gr.Error):
+            return err
+        if isinstance(err, ValueError | ModelUnavailableError):
+            return gr.Error(str(err))
+        return gr.Error(f"{type(err).__name__}: {err}")
+
+    if pyinspect.isgeneratorfunction(handler):
+
+        @functools.wraps(handler)
+        def stream(*args, **kwargs):
+            try:
+                yield from handler(*args, **kwargs)
+            except Exception as err:  # noqa: BLE001 - every failure becomes a message, none a crash
+                raise explain(err) from err
+
+        return stream
+
+    @functools.wraps(handler)
+    def call(*args, **kwargs):
+        try:
+            return handler(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001
+            raise explain(err) from err
+
+    return call
+
+
+def resolve_tier(name, custom, block_size, k, bits, value_bits, group, rotation, keep_first, keep_recent):
+    """The chosen preset, or a custom tier from the Advanced settings (ValueError names allowed values)."""
+    if not custom:
+        return get_tier(name)
+    return custom_tier(
+        block_size=int(block_size),
+        k=int(k) if k else None,
+        bits=None if bits == "none" else int(bits),
+        value_bits=None if value_bits in ("same", None) else int(value_bits),
+        group=int(group),
+        rotation=bool(rotation),
+        lloyd_max=bool(rotation and bits != "none"),
+        keep_first=int(keep_first),
+        keep_recent=int(keep_recent),
     )
 
 
+def checked_prompt(loaded, prompt, max_new_tokens: int):
+    """(1, T) ids of a non-empty prompt that fits the model's context with the new tokens."""
+    text = prompt if isinstance(prompt, str) else (prompt[-1]["content"] if prompt else "")
+    if not text.strip():
+        raise gr.Error("The prompt is empty: type something first.")
+    ids = prompt_ids(loaded, prompt)
+    if ids.shape[1] + max_new_tokens > loaded.info.max_context:
+        raise gr.Error(
+            f"The prompt is {ids.shape[1]} tokens; with {max_new_tokens} new tokens it exceeds "
+            f"{loaded.info.name}'s context of {loaded.info.max_context} tokens. Shorten it."
+        )
+    return ids
+
+
+def _text(content) -> str:
+    """A chat message's content as text (Gradio may hand back a list of parts)."""
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else [content]
+    return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in parts)
+
+
+@guarded
+def chat_turn(message, native_chat, codec_chat, model_name, tier_name, *advanced_and_tokens):
+    """Stream one turn in both panels; both runs see the same conversation (the native replies)."""
+    *advanced, max_new_tokens = advanced_and_tokens
+    loaded = shared_model(model_name)
+    tier = resolve_tier(tier_name, *advanced)
+    conversation = [{"role": m["role"], "content": _text(m["content"])} for m in native_chat or []]
+    conversation.append({"role": "user", "content": message or ""})
+    checked_prompt(loaded, conversation, int(max_new_tokens))
+    native_chat = [*conversation, {"role": "assistant", "content": ""}]
+    codec_chat = [*(codec_chat or []), {"role": "user", "content": message}, {"role": "assistant", "content": ""}]
+    waiting = "generating…"
+    for update in stream_side_by_side(loaded, conversation, tier, int(max_new_tokens)):
+        native_chat[-1]["content"], codec_chat[-1]["content"] = update.native.text, update.codec.text
+        if update.phase == "scoring":
+            waiting = "scoring the turn's NLL…"
+        if update.result is None:
+            yield native_chat, codec_chat, waiting, waiting, ""
+        else:
+            yield native_chat, codec_chat, native_stats_markdown(update.result), codec_stats_markdown(update.result), ""
+
+
+@guarded
+def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
+    """Heatmaps of one (layer, head), DCT spectra, per-layer errors and smoothness for a tier."""
+    *advanced, layer, head, which = advanced_and_view
+    loaded = shared_model(model_name)
+    tier = resolve_tier(tier_name, *advanced)
+    checked_prompt(loaded, prompt, 0)
+    layer, head = min(int(layer), len(loaded.info.layer_types) - 1), min(int(head), loaded.info.num_kv_heads - 1)
+    view = inspect_tier(loaded, prompt, tier, layer=layer, head=head)
+    start, end = view.head.archived
+    errors = view.layers[layer]
+    summary = (
+        f"**{tier.name}** on layer {layer}, head {head}: tokens {start}–{end} of {len(view.tokens)} went through "
+        f"the codec (the rest stays raw). Layer {layer}: K PSNR {errors.key_psnr_db:.1f} dB, "
+        f"V PSNR {errors.value_psnr_db:.1f} dB, attention-output error {errors.attention_rel_error:.2%}."
+    )
+    return (
+        plots.kv_heatmap_figure(view.head, "key" if which == "K" else "value", view.tokens),
+        plots.spectrum_figure(view.spectrum),
+        plots.layer_error_figure(view.layers),
+        plots.var_ratio_figure(view.layers),
+        summary,
+    )
+
+
+@guarded
+def run_sweep(prompt, model_name, tier_names, max_new_tokens, progress=gr.Progress()):
+    """Every chosen tier on one prompt: table, charts and downloadable CSV / JSON."""
+    if not tier_names:
+        raise gr.Error("Choose at least one tier to sweep.")
+    loaded = shared_model(model_name)
+    checked_prompt(loaded, prompt, int(max_new_tokens))
+    result = sweep(
+        loaded, prompt, list(tier_names), int(max_new_tokens),
+        progress=lambda done, total, message: progress((done, total), desc=message),
+    )
+    rows = as_dicts(result.rows)
+    out = Path(tempfile.mkdtemp(prefix="codeckv-sweep-"))
+    csv_path = write_csv(rows, out / "sweep.csv")
+    json_path = write_json({"model": loaded.info.name, "prompt": prompt, "rows": rows}, out / "sweep.json")
+    table = [[row[c] for c in SWEEP_COLUMNS] for row in rows]
+    worst = max(result.comparisons, key=lambda label: result.comparisons[label].delta_nll_pct)
+    return (
+        table,
+        plots.pareto_figure(result.rows),
+        plots.latency_figure(result.rows),
+        plots.token_match_figure(result.rows),
+        nll_figure(result, worst),
+        [str(csv_path), str(json_path)],
+        result,
+        gr.update(choices=list(result.comparisons), value=worst),
+    )
+
+
+def nll_figure(result, label):
+    """Per-token NLL difference of one swept tier (empty until a sweep ran)."""
+    if result is None or label not in result.comparisons:
+        return None
+    cmp = result.comparisons[label]
+    return plots.token_nll_figure(cmp.token_nll_native, cmp.token_nll_codec, cmp.scored_tokens, label)
+
+
+@guarded
+def model_panel(model_name):
+    """Load (once) the chosen model and describe it; slider ranges follow its shape."""
+    info = shared_model(model_name).info
+    return (
+        model_markdown(info, backend_name()),
+        gr.update(maximum=len(info.layer_types) - 1),
+        gr.update(maximum=info.num_kv_heads - 1),
+    )
+
+
+def advanced_settings():
+    """The Advanced accordion: the knobs of codeckv.tiers.custom_tier. Returns the inputs in order."""
+    with gr.Accordion("Advanced: build a custom tier", open=False):
+        custom = gr.Checkbox(label="Use these settings instead of the preset", value=False)
+        with gr.Row():
+            block = gr.Number(label="DCT block size r", value=8, precision=0)
+            k = gr.Number(label="k frequencies kept (0 = no DCT)", value=0, precision=0)
+            bits = gr.Dropdown(BITS_CHOICES, value="4", label="key bits")
+            value_bits = gr.Dropdown(["same", *BITS_CHOICES[1:]], value="same", label="value bits")
+        with gr.Row():
+            group = gr.Number(label="quant group", value=32, precision=0)
+            rotation = gr.Checkbox(label="Hadamard rotation + Lloyd-Max levels", value=True)
+            keep_first = gr.Number(label="keep_first (sink tokens)", value=0, precision=0)
+            keep_recent = gr.Number(label="keep_recent (window)", value=0, precision=0)
+    return [custom, block, k, bits, value_bits, group, rotation, keep_first, keep_recent]
+
+
 with gr.Blocks(title="KV Codec Studio") as demo:
-    gr.Markdown("# KV Codec Studio")
-    gr.Markdown(model_info_markdown())
-    gr.ChatInterface(chat, examples=["What is the capital of France?"])
+    gr.Markdown(
+        "# KV Codec Studio\nThe same model, twice: its native KV cache against a compressed codec cache. "
+        "Every number below is measured when you press the button."
+    )
+    with gr.Accordion("Model and backend", open=False):
+        models = available_models() or [DEFAULT_MODEL]
+        model_name = gr.Dropdown(models, value=models[0], label="model", allow_custom_value=True)
+        model_info = gr.Markdown()
+
+    with gr.Tab("Chat"):
+        with gr.Row():
+            tier_name = gr.Dropdown(CODEC_TIERS, value="turbo-4", label="codec tier", scale=2)
+            max_tokens = gr.Slider(8, MAX_NEW_TOKENS, value=96, step=8, label="max new tokens", scale=2)
+        chat_advanced = advanced_settings()
+        with gr.Row(equal_height=True):
+            with gr.Column():
+                native_chat = gr.Chatbot(label="native cache", height=420)
+                native_stats = gr.Markdown(elem_id="native-stats")
+            with gr.Column():
+                codec_chat = gr.Chatbot(label="codec cache", height=420)
+                codec_stats = gr.Markdown(elem_id="codec-stats")
+        with gr.Row():
+            message = gr.Textbox(placeholder="Ask something…", show_label=False, scale=5, elem_id="message")
+            send = gr.Button("Send", variant="primary", scale=1)
+            stop = gr.Button("Stop", scale=1)
+            clear = gr.Button("Clear", scale=1)
+        gr.Examples(EXAMPLES, inputs=message)
+
+    with gr.Tab("Inspect"):
+        with gr.Row():
+            inspect_prompt = gr.Textbox(value=EXAMPLES[0], label="prompt (prefilled, then captured)", scale=3)
+            inspect_tier_name = gr.Dropdown(CODEC_TIERS, value="jpeg-k2", label="codec tier", scale=1)
+        inspect_advanced = advanced_settings()
+        with gr.Row():
+            layer = gr.Slider(0, 29, value=0, step=1, label="layer")
+            head = gr.Slider(0, 2, value=0, step=1, label="KV head")
+            which = gr.Radio(["K", "V"], value="K", label="tensor")
+            inspect_button = gr.Button("Inspect", variant="primary")
+        inspect_summary = gr.Markdown()
+        heatmap = gr.Plot(label="original / reconstructed / |error|")
+        spectrum = gr.Plot(label="DCT spectrum")
+        with gr.Row():
+            layer_errors = gr.Plot(label="per-layer error")
+            var_ratio = gr.Plot(label="Var(Δ)/Var(X)")
+
+    with gr.Tab("Tier sweep"):
+        with gr.Row():
+            sweep_prompt = gr.Textbox(value=EXAMPLES[1], label="prompt", scale=3)
+            sweep_tokens = gr.Slider(8, 128, value=32, step=8, label="new tokens per tier", scale=1)
+        sweep_tiers = gr.CheckboxGroup(list(TIERS), value=CODEC_TIERS, label="tiers")
+        sweep_button = gr.Button("Run sweep", variant="primary")
+        sweep_table = gr.Dataframe(headers=SWEEP_COLUMNS, label="results", interactive=False)
+        pareto = gr.Plot(label="storage vs ΔNLL")
+        latency = gr.Plot(label="decode latency")
+        token_match = gr.Plot(label="token match")
+        nll_tier = gr.Dropdown([], label="per-token NLL of tier")
+        token_nll = gr.Plot(label="per-token NLL difference")
+        downloads = gr.File(label="download CSV and JSON", file_count="multiple")
+        sweep_state = gr.State(None)
+
+    demo.load(model_panel, model_name, [model_info, layer, head])
+    model_name.change(model_panel, model_name, [model_info, layer, head])
+    chat_inputs = [message, native_chat, codec_chat, model_name, tier_name, *chat_advanced, max_tokens]
+    chat_outputs = [native_chat, codec_chat, native_stats, codec_stats, message]
+    turns = [
+        send.click(chat_turn, chat_inputs, chat_outputs, api_name="chat"),
+        message.submit(chat_turn, chat_inputs, chat_outputs, api_name=False),
+    ]
+    stop.click(None, None, None, cancels=turns)
+    clear.click(lambda: ([], [], "", ""), None, [native_chat, codec_chat, native_stats, codec_stats], cancels=turns)
+    inspect_inputs = [inspect_prompt, model_name, inspect_tier_name, *inspect_advanced, layer, head, which]
+    inspect_outputs = [heatmap, spectrum, layer_errors, var_ratio, inspect_summary]
+    inspect_button.click(inspect_kv, inspect_inputs, inspect_outputs, api_name="inspect")
+    for slider in (layer, head):
+        slider.release(inspect_kv, inspect_inputs, inspect_outputs, api_name=False)
+    which.change(inspect_kv, inspect_inputs, inspect_outputs, api_name=False)
+    sweep_button.click(
+        run_sweep,
+        [sweep_prompt, model_name, sweep_tiers, sweep_tokens],
+        [sweep_table, pareto, latency, token_match, token_nll, downloads, sweep_state, nll_tier],
+        api_name="sweep",
+    )
+    nll_tier.change(nll_figure, [sweep_state, nll_tier], token_nll, api_name=False)
 
 if __name__ == "__main__":
-    demo.queue(default_concurrency_limit=2).launch(
+    demo.queue(default_concurrency_limit=2, max_size=64).launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-        server_port=int(os.environ.get("PORT", os.environ.get("GRADIO_SERVER_PORT", 7860))),
+        server_port=int(os.environ.get("PORT", os.environ.get("GRADIO_SERVER_PORT", "7860"))),
+        show_error=True,
     )

@@ -22,6 +22,7 @@ import torch
 
 from codeckv.codecs.base import Codec
 from codeckv.codecs.bitpack import ALLOWED_BITS
+from codeckv.codecs.cast import Cast
 from codeckv.codecs.dct import DCT
 from codeckv.codecs.delta import Delta
 from codeckv.codecs.lloyd_max import LloydMaxQuant
@@ -108,16 +109,16 @@ TIERS: dict[str, Tier] = _tiers(
     ),
     Tier(
         "jpeg-k4",
-        "DCT r=8, keep the 4 lowest frequencies, coefficients in the cache dtype",
-        key=DCT(block_size=8, k=4),
-        value=DCT(block_size=8, k=4),
+        "DCT r=8, keep the 4 lowest frequencies, coefficients in bf16",
+        key=DCT(block_size=8, k=4, coeffs=Cast("bfloat16")),
+        value=DCT(block_size=8, k=4, coeffs=Cast("bfloat16")),
         max_rel_error=0.07,
     ),
     Tier(
         "jpeg-k2",
-        "DCT r=8, keep the 2 lowest frequencies, coefficients in the cache dtype",
-        key=DCT(block_size=8, k=2),
-        value=DCT(block_size=8, k=2),
+        "DCT r=8, keep the 2 lowest frequencies, coefficients in bf16",
+        key=DCT(block_size=8, k=2, coeffs=Cast("bfloat16")),
+        value=DCT(block_size=8, k=2, coeffs=Cast("bfloat16")),
         max_rel_error=0.1,
     ),
     Tier(

@@ -21,7 +21,7 @@ def test_png_has_zero_delta_nll_and_lossy_tiers_report_their_bytes(loaded):
     assert set(rows) == {"native", "png", "jpeg-k8-int8"}
     assert rows["png"].delta_nll_pct == 0.0 and rows["png"].nll == rows["native"].nll
     assert rows["png"].archive_bytes == rows["native"].archive_bytes  # fp32 on CPU: the native cache's bytes
-    assert rows["jpeg-k8-int8"].ratio_vs_bf16 < 0.75  # 96 tokens: a 32-token raw tail of fp32 weighs in
+    assert rows["jpeg-k8-int8"].ratio_vs_bf16 <= 0.55  # 96 cached tokens: whole blocks, no raw tail
     assert abs(rows["jpeg-k8-int8"].delta_nll_pct) < 5
 
 

@@ -2,6 +2,7 @@
 
 from codeckv.codecs.base import Codec, Encoded, check_input, concat_encoded
 from codeckv.codecs.bitpack import ALLOWED_BITS, pack_bits, unpack_bits
+from codeckv.codecs.cast import Cast
 from codeckv.codecs.dct import DCT, dct_basis
 from codeckv.codecs.delta import Delta
 from codeckv.codecs.lloyd_max import LloydMaxQuant, codebook
@@ -10,6 +11,7 @@ from codeckv.codecs.rotation import Rotation
 
 __all__ = [
     "ALLOWED_BITS",
+    "Cast",
     "DCT",
     "Codec",
     "Delta",

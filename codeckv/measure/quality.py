@@ -3,6 +3,8 @@
     rows = quality_table(loaded, ["png", "turbo-4"], windows=4, length=512)
 
 Native and every tier run on the same windows with the same protocol (measure/nll.py).
+A window of `length` tokens is followed by one more token, the target of the last
+prediction, so the cache holds exactly `length` tokens when its footprint is read.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from codeckv.tiers import Tier, get_tier
 class QualityRow:
     tier: str
     description: str
-    archive_bytes: int  # codec-carrying layers, at the end of a window (mean over windows)
+    archive_bytes: int  # codec-carrying layers holding `length` tokens (mean over windows)
     bf16_bytes: int  # a bf16 native cache of the same tokens
     ratio_vs_bf16: float
     nll: float
@@ -40,7 +42,7 @@ def quality_table(
     progress: Callable[[str], None] | None = None,
 ) -> list[QualityRow]:
     """Measure native first, then each tier, on the first `windows` corpus windows of `length` tokens."""
-    data = corpus_windows(loaded.tokenizer, windows, length)
+    data = corpus_windows(loaded.tokenizer, windows, length + 1)  # + the last target
     config = loaded.model.config
     tiers = [get_tier(t) if isinstance(t, str) else t for t in tiers]
     if not any(t.key is None for t in tiers):

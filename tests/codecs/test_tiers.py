@@ -64,6 +64,8 @@ BYTE_TARGETS = [  # (tier, head_dim, max ratio vs bf16, metadata included)
     ("turbo-3", 64, 0.25),
     ("turbo-k4v2", 64, 0.25),
     ("jpeg-k2-int8", 64, 0.14),
+    ("jpeg-k4", 64, 0.50),  # bf16 coefficients, whatever the model dtype (fp32 on CPU)
+    ("jpeg-k2", 64, 0.25),
 ]
 
 
@@ -71,6 +73,8 @@ BYTE_TARGETS = [  # (tier, head_dim, max ratio vs bf16, metadata included)
 def test_byte_targets(name: str, head_dim: int, target: float) -> None:
     ratio = bytes_ratio(TIERS[name], head_dim)
     assert ratio <= target, f"{name}: {ratio:.3f} of bf16 at head_dim {head_dim} > target {target}"
+    fp32_ratio = bytes_ratio(TIERS[name], head_dim, seq_len=1024, dtype=torch.float32)
+    assert fp32_ratio <= 2 * target, f"{name}: {fp32_ratio:.3f} of bf16 for an fp32 model"
 
 
 RATIOS = [  # (tier, seq_len, dtype, expected ratio vs bf16)
