@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
+from pathlib import Path
 
 from tqdm import tqdm
+
+DEFAULT_PROMPT = "Explain in a few sentences how a key-value cache speeds up text generation in a transformer."
 
 
 def _quality(args: argparse.Namespace) -> None:
@@ -31,17 +35,146 @@ def _quality(args: argparse.Namespace) -> None:
     print(f"wrote {write_csv(rows, out)}")
 
 
+def _prompt(args: argparse.Namespace, loaded, default_context: int = 0):
+    """--context N: the first N corpus tokens as raw ids; --raw: --prompt as raw text; else a chat message.
+
+    Without --prompt: `default_context` corpus tokens if set, else DEFAULT_PROMPT as a chat message.
+    """
+    context = args.context or (default_context if args.prompt is None else 0)
+    if context:
+        from codeckv.measure.corpus import corpus_windows
+
+        return corpus_windows(loaded.tokenizer, 1, context)  # (1, N) ids
+    text = args.prompt or DEFAULT_PROMPT
+    return text if args.raw else [{"role": "user", "content": text}]
+
+
+def _write_figures(figures: dict, out: Path) -> list[Path]:
+    """Standalone HTML, plotly.js embedded so the files open offline."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fig in figures.items():
+        path = out / f"{name}.html"
+        fig.write_html(path, include_plotlyjs=True)
+        paths.append(path)
+    return paths
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from codeckv import plots
+    from codeckv.measure.sweep import as_dicts, sweep
+    from codeckv.measure.table import format_table, write_csv, write_json
+    from codeckv.models import load_model
+    from codeckv.tiers import get_tier
+
+    tiers = [get_tier(name) for name in args.tiers] if args.tiers else None  # unknown names fail before loading
+    loaded = load_model(args.model)
+    prompt = _prompt(args, loaded)
+    bar = tqdm(total=1, desc="sweep", unit="fwd")
+
+    def progress(done: int, total: int, message: str) -> None:
+        bar.total = total
+        bar.n = done
+        bar.set_postfix_str(message, refresh=False)
+        bar.refresh()
+
+    start = time.perf_counter()
+    result = sweep(loaded, prompt, tiers, args.tokens, not args.no_stop, progress)
+    seconds = time.perf_counter() - start
+    bar.close()
+    rows = as_dicts(result.rows)
+    columns = ["tier", "archive_bytes", "ratio_vs_bf16", "delta_nll_pct", "decode_ms", "latency_ratio",
+               "token_match", "first_divergence", "psnr_db"]
+    print(format_table(rows, columns))
+    print(f"native: {len(result.native.token_ids)} new tokens after a {result.prompt_tokens}-token prompt, "
+          f"{result.native.decode_ms:.1f} ms/token; sweep took {seconds:.1f} s")
+    out = Path(args.out or f"assets/sweep-{loaded.info.name.replace('/', '_')}")
+    write_csv(rows, out / "sweep.csv")
+    write_json({
+        "model": loaded.info.name, "device": loaded.info.device, "dtype": loaded.info.dtype,
+        "prompt_tokens": result.prompt_tokens, "max_new_tokens": args.tokens, "seconds": seconds,
+        "native_text": result.native.text, "rows": rows,
+        "runs": {label: {**c.summary(), "text": c.codec.text, "token_nll_native": c.token_nll_native,
+                         "token_nll_codec": c.token_nll_codec} for label, c in result.comparisons.items()},
+    }, out / "sweep.json")
+    figures = {
+        "pareto": plots.pareto_figure(result.rows),
+        "latency": plots.latency_figure(result.rows),
+        "token_match": plots.token_match_figure(result.rows),
+    }
+    paths = _write_figures(figures, out)
+    print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, " + ", ".join(str(p) for p in paths))
+
+
+def _inspect(args: argparse.Namespace) -> None:
+    from dataclasses import asdict
+
+    from codeckv import plots
+    from codeckv.measure.inspect import capture_kv, inspect_capture
+    from codeckv.measure.table import format_table, write_csv, write_json
+    from codeckv.models import load_model
+
+    loaded = load_model(args.model)
+    prompt = _prompt(args, loaded, default_context=128)
+    with tqdm(total=3, desc="inspect") as bar:
+        capture = capture_kv(loaded, prompt)
+        bar.update()
+        view = inspect_capture(capture, args.tier, args.layer, args.head)
+        bar.update()
+        figures = {
+            "heatmap_key": plots.kv_heatmap_figure(view.head, "key", view.tokens),
+            "heatmap_value": plots.kv_heatmap_figure(view.head, "value", view.tokens),
+            "spectrum": plots.spectrum_figure(view.spectrum),
+            "layer_errors": plots.layer_error_figure(view.layers),
+            "var_ratio": plots.var_ratio_figure(view.layers),
+        }
+        bar.update()
+    rows = [asdict(e) for e in view.layers]
+    print(format_table(rows, [c for c in rows[0] if c != "layer_type"]))
+    print(f"{view.tier}: {len(view.tokens)} tokens, archived {view.head.archived[0]}..{view.head.archived[1] - 1}; "
+          f"DCT r={view.spectrum.block_size}, energy kept at k={view.spectrum.k}: "
+          f"K {float(view.spectrum.key_kept.mean()):.1%}, V {float(view.spectrum.value_kept.mean()):.1%}")
+    out = Path(args.out or f"assets/inspect-{loaded.info.name.replace('/', '_')}-{view.tier}")
+    write_csv(rows, out / "layers.csv")
+    write_json({"model": loaded.info.name, **view.summary()}, out / "inspect.json")
+    paths = _write_figures(figures, out)
+    print(f"wrote {out / 'layers.csv'}, {out / 'inspect.json'}, " + ", ".join(str(p) for p in paths))
+
+
+def _prompt_arguments(parser: argparse.ArgumentParser, without_prompt: str) -> None:
+    parser.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
+    parser.add_argument("--prompt", default=None, help=f"the user's message, a chat turn (default: {without_prompt})")
+    parser.add_argument("--raw", action="store_true", help="feed --prompt as raw text, without the chat template")
+    parser.add_argument("--context", type=int, default=0, help="use the first N corpus tokens as a raw prompt")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m codeckv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    quality = sub.add_parser("quality", help="per tier: archive bytes vs bf16, decode NLL, ΔNLL% on the corpus")
+    quality = sub.add_parser("quality", help="per tier: archive bytes vs bf16, decode NLL, ΔNLL%% on the corpus")
     quality.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
     quality.add_argument("--windows", type=int, default=4, help="corpus windows (default 4)")
     quality.add_argument("--length", type=int, default=512, help="tokens per window (default 512)")
     quality.add_argument("--tiers", nargs="*", help="tier names (default: all)")
     quality.add_argument("--out", help="CSV path (default assets/quality-<model>.csv)")
     quality.set_defaults(run=_quality)
+
+    sweep = sub.add_parser("sweep", help="per tier on one prompt: bytes, ΔNLL%%, latency, token match, PSNR")
+    _prompt_arguments(sweep, "a question about KV caches")
+    sweep.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
+    sweep.add_argument("--tiers", nargs="*", help="tier names (default: all)")
+    sweep.add_argument("--no-stop", action="store_true", help="ignore EOS: always generate --tokens tokens")
+    sweep.add_argument("--out", help="output folder (default assets/sweep-<model>)")
+    sweep.set_defaults(run=_sweep)
+
+    inspect = sub.add_parser("inspect", help="one tier's K/V heatmaps, DCT spectra and per-layer errors")
+    _prompt_arguments(inspect, "the first 128 corpus tokens")
+    inspect.add_argument("--tier", default="jpeg-k2", help="tier name (default jpeg-k2)")
+    inspect.add_argument("--layer", type=int, default=0, help="layer of the heatmaps (default 0)")
+    inspect.add_argument("--head", type=int, default=0, help="KV head of the heatmaps (default 0)")
+    inspect.add_argument("--out", help="output folder (default assets/inspect-<model>-<tier>)")
+    inspect.set_defaults(run=_inspect)
 
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -27,15 +27,20 @@ class NLLResult:
 
 
 @torch.inference_mode()
-def decode_nll(model: PreTrainedModel, window: torch.Tensor, make_cache: Callable[[], Cache]) -> NLLResult:
+def decode_nll(
+    model: PreTrainedModel, window: torch.Tensor, make_cache: Callable[[], Cache], prefix: int | None = None
+) -> NLLResult:
     """NLL of window[P+1:] predicted step by step after prefilling window[:P], P = len // 2. window: (T,).
 
-    Works on any token sequence: a corpus window or a user's text.
+    Works on any token sequence: a corpus window or a user's text. `prefix` overrides P,
+    e.g. the prompt length when scoring a generated turn (measure/side_by_side.py).
     """
     if window.numel() < 4:
         raise ValueError(f"need at least 4 tokens to measure NLL, got {window.numel()}")
     window = window.to(model.device)
-    prefix = window.shape[0] // 2
+    prefix = window.shape[0] // 2 if prefix is None else prefix
+    if not 1 <= prefix <= window.shape[0] - 2:
+        raise ValueError(f"prefix={prefix} must leave at least one scored token (1..{window.shape[0] - 2})")
     cache = make_cache()
     model(input_ids=window[None, :prefix], cache=cache, use_cache=True)
     nll = []

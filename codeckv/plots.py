@@ -1,0 +1,279 @@
+"""Plotly figures from measure/ results, in one theme that reads well on slides.
+
+    fig = pareto_figure(result.rows)          # measure/sweep.py rows
+    fig = kv_heatmap_figure(view.head, "key") # measure/inspect.py
+    fig.write_html("pareto.html", include_plotlyjs=True)   # standalone, works offline
+
+Every builder returns a `go.Figure` titled, with units on its axes, styled by `themed`.
+No computation happens here beyond picking fields and a Pareto front.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from codeckv.measure.inspect import HeadView, LayerError, Spectrum
+
+FONT = "Inter, Helvetica Neue, Arial, sans-serif"
+NATIVE_COLOR = "#6b7280"  # grey: the native reference everywhere
+KEY_COLOR = "#2563eb"  # blue: keys
+VALUE_COLOR = "#ea580c"  # orange: values
+ACCENT_COLOR = "#059669"  # green: a third series (attention output)
+CODEC_COLORS = ["#2563eb", "#ea580c", "#059669", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777", "#4d7c0f"]
+
+TEMPLATE = go.layout.Template(
+    layout=go.Layout(
+        font=dict(family=FONT, size=16, color="#111827"),
+        title=dict(font=dict(size=22), x=0.02, xanchor="left"),
+        colorway=CODEC_COLORS,
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        margin=dict(l=80, r=30, t=80, b=70),
+        xaxis=dict(showgrid=True, gridcolor="#e5e7eb", zeroline=False, linecolor="#9ca3af", ticks="outside"),
+        yaxis=dict(showgrid=True, gridcolor="#e5e7eb", zeroline=False, linecolor="#9ca3af", ticks="outside"),
+        legend=dict(bgcolor="rgba(255,255,255,0.8)", bordercolor="#e5e7eb", borderwidth=1),
+        hoverlabel=dict(font=dict(family=FONT, size=14)),
+    )
+)
+
+
+def themed(fig: go.Figure, title: str, x_title: str | None = None, y_title: str | None = None) -> go.Figure:
+    """Apply TEMPLATE, the title and (for single-axis figures) the axis titles."""
+    fig.update_layout(template=TEMPLATE, title_text=title)
+    if x_title is not None:
+        fig.update_xaxes(title_text=x_title)
+    if y_title is not None:
+        fig.update_yaxes(title_text=y_title)
+    return fig
+
+
+def _dicts(rows: Sequence) -> list[dict]:
+    """Sweep rows as dicts, whether SweepRow dataclasses or plain dicts."""
+    return [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r) for r in rows]
+
+
+def _finite(value: float) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both x and y (lower is better), sorted by x."""
+    order = sorted(range(len(points)), key=lambda i: points[i])
+    front, best = [], math.inf
+    for i in order:
+        if points[i][1] < best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+LABEL_OFFSETS = [(0, -30), (0, 30), (55, -22), (55, 22), (-55, -22), (-55, 22), (70, 0), (-70, 0)]  # pixels
+
+
+def place_labels(xs: list[float], ys: list[float], width: float = 1100, height: float = 520) -> list[tuple[int, int]]:
+    """A label offset per point (pixels), chosen greedily to stay far from other points and labels."""
+    if not xs:
+        return []
+
+    def scale(values: list[float], size: float) -> list[float]:
+        low, high = min(values), max(values)
+        return [(v - low) / (high - low or 1.0) * size for v in values]
+
+    px, py = scale(xs, width), [height - v for v in scale(ys, height)]  # screen y grows downwards
+    taken = list(zip(px, py))
+    offsets = []
+    for i in range(len(xs)):
+        def clearance(offset, i=i):
+            cx, cy = px[i] + offset[0], py[i] + offset[1]
+            others = [p for j, p in enumerate(taken) if j != i]
+            return min([math.hypot((cx - x) / 2.5, cy - y) for x, y in others] or [math.inf])  # labels are wide
+
+        best = max(LABEL_OFFSETS, key=clearance)
+        offsets.append(best)
+        taken.append((px[i] + best[0], py[i] + best[1]))
+    return offsets
+
+
+def pareto_figure(rows: Sequence, y_cap: float | None = None) -> go.Figure:
+    """Storage (archive bytes / bf16) vs ΔNLL% per tier, labelled, with the Pareto front drawn.
+
+    Points above `y_cap` (default: max(10, 1.3 x the largest ΔNLL at or below 50 %)) sit on the top
+    edge as triangles with their true value in the label, so a broken tier does not flatten the rest.
+    """
+    rows = [r for r in _dicts(rows) if _finite(r["ratio_vs_bf16"]) is not None and _finite(r["delta_nll_pct"])
+            is not None]
+    xs = [r["ratio_vs_bf16"] for r in rows]
+    ys = [r["delta_nll_pct"] for r in rows]
+    if y_cap is None:
+        y_cap = max(10.0, 1.3 * max([y for y in ys if y <= 50] or [10.0]))
+    front = pareto_front(list(zip(xs, ys)))
+    shown = [min(y, y_cap) for y in ys]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=[xs[i] for i in front], y=[shown[i] for i in front], mode="lines", name="Pareto front",
+        line=dict(color=NATIVE_COLOR, dash="dot", width=2), hoverinfo="skip",
+    ))
+    fig.add_trace(go.Scatter(
+        x=xs, y=shown, mode="markers", text=[r["tier"] for r in rows], name="tiers",
+        marker=dict(size=14, symbol=["triangle-up" if y > y_cap else "circle" for y in ys],
+                    color=[KEY_COLOR if i in front else NATIVE_COLOR for i in range(len(rows))]),
+        customdata=[[r["archive_bytes"], y] for r, y in zip(rows, ys)],
+        hovertemplate="%{text}<br>%{x:.3f}× bf16 (%{customdata[0]:,} B)<br>ΔNLL %{customdata[1]:.2f} %<extra></extra>",
+    ))
+    for i, (ax, ay) in enumerate(place_labels(xs, shown)):
+        label = rows[i]["tier"] + (f" ({ys[i]:.0f} %)" if ys[i] > y_cap else "")
+        fig.add_annotation(x=xs[i], y=shown[i], text=label, ax=ax, ay=ay, showarrow=True, arrowhead=0,
+                           arrowwidth=1, arrowcolor="#9ca3af", font=dict(size=14))
+    fig.add_hline(y=0, line=dict(color=NATIVE_COLOR, width=1))
+    fig.add_vline(x=1, line=dict(color=NATIVE_COLOR, width=1, dash="dash"), annotation_text="bf16 native")
+    low = min(shown + [0.0])
+    fig.update_yaxes(range=[low - 0.08 * (y_cap - low), y_cap * 1.08])
+    fig.update_layout(showlegend=False)
+    return themed(fig, "Storage vs quality", "KV archive bytes / bf16 cache bytes (×)", "ΔNLL vs native (%)")
+
+
+def latency_figure(rows: Sequence) -> go.Figure:
+    """Median decode ms/token per tier, with the native run's as a reference line."""
+    rows = _dicts(rows)
+    tiers = [r["tier"] for r in rows]
+    native_ms = rows[0]["native_decode_ms"] if rows else math.nan
+    fig = go.Figure(go.Bar(
+        x=tiers, y=[_finite(r["decode_ms"]) for r in rows], name="tier", showlegend=False,
+        marker_color=[NATIVE_COLOR if t == "native" else KEY_COLOR for t in tiers],
+        text=[f"{r['latency_ratio']:.2f}×" if _finite(r["latency_ratio"]) else "" for r in rows],
+        textposition="outside", hovertemplate="%{x}: %{y:.1f} ms/token (%{text} native)<extra></extra>",
+    ))
+    if _finite(native_ms) is not None:
+        fig.add_trace(go.Scatter(x=tiers, y=[native_ms] * len(tiers), mode="lines", name=f"native {native_ms:.1f} ms",
+                                 line=dict(color="#111827", dash="dash", width=2), hoverinfo="skip"))
+    fig.update_layout(legend=dict(x=1, xanchor="right", y=1.0, yanchor="bottom", orientation="h"))
+    tallest = max([_finite(r["decode_ms"]) or 0.0 for r in rows] + [_finite(native_ms) or 0.0])
+    fig.update_yaxes(range=[0, 1.18 * tallest or 1])  # headroom for the ratio labels above the bars
+    return themed(fig, "Decode latency (median after warm-up)", "tier", "decode time (ms / token)")
+
+
+def token_match_figure(rows: Sequence) -> go.Figure:
+    """Fraction of greedy positions where each tier emitted the native token."""
+    rows = _dicts(rows)
+    fig = go.Figure(go.Bar(
+        x=[r["tier"] for r in rows], y=[100 * r["token_match"] for r in rows], marker_color=ACCENT_COLOR,
+        text=[f"{100 * r['token_match']:.0f}%" for r in rows], textposition="outside",
+        customdata=[r["first_divergence"] if r["first_divergence"] is not None else "none" for r in rows],
+        hovertemplate="%{x}: %{y:.1f}% match, first divergence at %{customdata}<extra></extra>",
+    ))
+    fig.update_yaxes(range=[0, 110])
+    return themed(fig, "Greedy token match with native", "tier", "tokens equal to native (%)")
+
+
+def kv_heatmap_figure(head: HeadView, which: str = "key", tokens: Sequence[str] | None = None) -> go.Figure:
+    """Original | reconstructed | |error| of one (layer, head), (tokens x head_dim); orig/recon share a scale."""
+    if which not in ("key", "value"):
+        raise ValueError(f"which={which!r} (allowed: 'key', 'value')")
+    original, recon, error = (getattr(head, which + suffix) for suffix in ("", "_recon", "_error"))  # (S, D)
+    limit = float(original.abs().max()) or 1.0
+    y = list(range(original.shape[0]))
+    hover_tokens = [[t] * original.shape[1] for t in tokens] if tokens is not None else None
+    fig = make_subplots(rows=1, cols=3, shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=("original", "reconstructed", "|error|"))
+    for col, data, axis in ((1, original, "coloraxis"), (2, recon, "coloraxis"), (3, error, "coloraxis2")):
+        fig.add_trace(go.Heatmap(
+            z=data.tolist(), y=y, coloraxis=axis, customdata=hover_tokens,
+            hovertemplate="token %{y}" + (" %{customdata}" if tokens is not None else "")
+            + "<br>channel %{x}<br>%{z:.4f}<extra></extra>",
+        ), row=1, col=col)
+    fig.update_layout(
+        coloraxis=dict(colorscale="RdBu_r", cmin=-limit, cmax=limit, colorbar=dict(x=1.0, len=0.9, title="value")),
+        coloraxis2=dict(colorscale="Magma", cmin=0, colorbar=dict(x=1.09, len=0.9, title="|err|")),
+        margin=dict(r=140),
+    )
+    start, end = head.archived
+    if end > start:
+        for col in (2, 3):
+            for edge in (start - 0.5, end - 0.5):
+                fig.add_hline(y=edge, line=dict(color=ACCENT_COLOR, width=1, dash="dot"), row=1, col=col)
+    fig.update_yaxes(autorange="reversed", title_text="token position", row=1, col=1)
+    fig.update_xaxes(title_text="channel (head_dim)")
+    kind = "keys" if which == "key" else "values"
+    archived = f"tokens {start}–{end - 1} archived" if end > start else "nothing archived"
+    return themed(fig, f"Layer {head.layer}, head {head.head}: {kind} ({archived})")
+
+
+def spectrum_figure(spectrum: Spectrum) -> go.Figure:
+    """Share of energy per DCT frequency within blocks of r tokens, one line per layer, K and V; k cut marked."""
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.05,
+                        subplot_titles=(f"keys (kept at k={spectrum.k}: {float(spectrum.key_kept.mean()):.1%})",
+                                        f"values (kept at k={spectrum.k}: {float(spectrum.value_kept.mean()):.1%})"))
+    layers = spectrum.key_energy.shape[0]
+    freqs = list(range(spectrum.block_size))
+    for col, energy in ((1, spectrum.key_energy), (2, spectrum.value_energy)):
+        share = energy / energy.sum(-1, keepdim=True)  # (L, r)
+        for layer in range(layers):
+            fig.add_trace(go.Scatter(
+                x=freqs, y=share[layer].tolist(), mode="lines", showlegend=False,
+                line=dict(width=1.5, color=_gradient(layer, layers)), name=f"layer {layer}",
+                hovertemplate=f"layer {layer}<br>frequency %{{x}}<br>%{{y:.2%}} of energy<extra></extra>",
+            ), row=1, col=col)
+        if spectrum.k < spectrum.block_size:
+            fig.add_vline(x=spectrum.k - 0.5, line=dict(color="#dc2626", dash="dash", width=2), row=1, col=col,
+                          annotation_text=f"k = {spectrum.k}", annotation_position="top right")
+    fig.update_yaxes(type="log", title_text="share of block energy (log)", row=1, col=1)
+    fig.update_xaxes(title_text=f"DCT frequency index (block r = {spectrum.block_size} tokens)", dtick=1)
+    return themed(fig, "DCT spectrum along the sequence, per layer (dark = deep)")
+
+
+def layer_error_figure(layers: Sequence[LayerError]) -> go.Figure:
+    """Per-layer relative error (K, V, attention output) and PSNR (K, V); exact layers show no PSNR point."""
+    index = [e.layer for e in layers]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
+    for name, attr, color in (("keys", "key", KEY_COLOR), ("values", "value", VALUE_COLOR)):
+        fig.add_trace(go.Bar(x=index, y=[getattr(e, attr + "_rel_error") for e in layers], name=f"{name} rel. error",
+                             marker_color=color), row=1, col=1)
+        fig.add_trace(go.Scatter(x=index, y=[_finite(getattr(e, attr + "_psnr_db")) for e in layers],
+                                 mode="lines+markers", name=f"{name} PSNR", line=dict(color=color)), row=2, col=1)
+    fig.add_trace(go.Scatter(x=index, y=[e.attention_rel_error for e in layers], mode="lines+markers",
+                             name="attention output rel. error", line=dict(color=ACCENT_COLOR)), row=1, col=1)
+    fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.15))
+    fig.update_yaxes(title_text="‖x̂ − x‖ / ‖x‖", row=1, col=1)
+    fig.update_yaxes(title_text="PSNR (dB)", row=2, col=1)
+    fig.update_xaxes(title_text="layer", row=2, col=1)
+    return themed(fig, "Reconstruction error per layer")
+
+
+def token_nll_figure(native_nll: Sequence[float], codec_nll: Sequence[float], tokens: Sequence[str],
+                     tier: str) -> go.Figure:
+    """Per-token NLL difference (codec − native) along the scored text: where the codec hurts."""
+    delta = [c - n for c, n in zip(codec_nll, native_nll)]
+    fig = go.Figure(go.Scatter(
+        x=list(range(len(delta))), y=delta, mode="lines+markers", line=dict(color=KEY_COLOR, width=2),
+        marker=dict(size=5), customdata=list(tokens)[: len(delta)],
+        hovertemplate="position %{x} %{customdata}<br>Δ %{y:+.3f} nats<extra></extra>",
+    ))
+    fig.add_hline(y=0, line=dict(color=NATIVE_COLOR, width=1))
+    mean = sum(delta) / len(delta) if delta else math.nan
+    return themed(fig, f"{tier}: per-token NLL change vs native (mean {mean:+.3f} nats)",
+                  "scored token position", "NLL codec − native (nats)")
+
+
+def var_ratio_figure(layers: Sequence[LayerError]) -> go.Figure:
+    """Var(Δ)/Var(X) along the sequence per layer: low means smooth (what DCT exploits), 2 is white noise."""
+    index = [e.layer for e in layers]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=index, y=[e.key_var_ratio for e in layers], mode="lines+markers", name="keys",
+                             line=dict(color=KEY_COLOR)))
+    fig.add_trace(go.Scatter(x=index, y=[e.value_var_ratio for e in layers], mode="lines+markers", name="values",
+                             line=dict(color=VALUE_COLOR)))
+    fig.add_hline(y=2, line=dict(color=NATIVE_COLOR, dash="dash"), annotation_text="white noise (2)")
+    return themed(fig, "Smoothness along the sequence: Var(Δx) / Var(x)", "layer", "Var(Δx) / Var(x)")
+
+
+def _gradient(i: int, n: int) -> str:
+    """Light blue (first layer) to dark navy (last layer)."""
+    t = i / max(n - 1, 1)
+    light, dark = (147, 197, 253), (30, 27, 75)
+    r, g, b = (round(a + (c - a) * t) for a, c in zip(light, dark))
+    return f"rgb({r},{g},{b})"

@@ -1,0 +1,27 @@
+"""CLI smoke tests: sweep and inspect write CSV, JSON and standalone HTML."""
+
+import json
+
+from codeckv.__main__ import main
+
+
+def test_sweep_cli_writes_table_and_charts(tmp_path, capsys):
+    code = main(["sweep", "--prompt", "Hi!", "--tokens", "3", "--tiers", "png", "--no-stop", "--out", str(tmp_path)])
+    assert code == 0
+    assert "png" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
+    assert [r["tier"] for r in rows] == ["png"] and rows[0]["psnr_db"] is None, "inf is written as null"
+    assert (tmp_path / "sweep.csv").read_text().startswith("tier,")
+    html = (tmp_path / "pareto.html").read_text()
+    assert 'src="https://cdn.plot.ly' not in html and len(html) > 1_000_000, "plotly.js is embedded (works offline)"
+
+
+def test_inspect_cli_writes_layers_and_charts(tmp_path):
+    code = main(["inspect", "--context", "24", "--tier", "turbo-4", "--layer", "1", "--head", "0",
+                 "--out", str(tmp_path)])
+    assert code == 0
+    summary = json.loads((tmp_path / "inspect.json").read_text())
+    assert summary["tier"] == "turbo-4" and len(summary["layers"]) == 30
+    assert {p.name for p in tmp_path.glob("*.html")} == {
+        "heatmap_key.html", "heatmap_value.html", "spectrum.html", "layer_errors.html", "var_ratio.html"
+    }
