@@ -1,0 +1,38 @@
+"""Kernels on stored KV codes: Triton on CUDA, the torch reference everywhere else.
+
+    enc = dct_encode(x, codec)            # DCT codec: the Encoded codec.encode(x) returns
+    x = dct_decode(enc, codec)            # its decode
+    enc = rotate_quant(x, codec)          # Rotation(GroupQuant | LloydMaxQuant) or a bare quantizer
+    x = dequant_rotate(enc, codec)
+    out = decode_attention(q, [Raw(k0, v0), Coded(kc, k_enc, vc, v_enc), Raw(k1, v1)])  # (B, Hq, T, Dv)
+
+Every op dispatches on `tensor.is_cuda`: the Triton kernel on a GPU when it supports the codec (and,
+for attention, when no mask is given), else the torch reference of the same file; `backend_name()`
+says which one a CUDA / CPU tensor gets.
+
+The ops live in kernels/ops.py and this package imports nothing until one of these names is used
+(PEP 562): transformers probes for the Hugging Face kernel hub by importing whatever top-level
+package is called `kernels`, and an eager import of codeckv (hence transformers) from here would
+re-enter transformers half-imported. `from kernels.ops import decode_attention` always works; the
+package-level names are bound once kernels.ops is imported (they share names with the submodules).
+"""
+
+__all__ = [
+    "Coded",
+    "Raw",
+    "Segment",
+    "backend_name",
+    "dct_decode",
+    "dct_encode",
+    "decode_attention",
+    "dequant_rotate",
+    "rotate_quant",
+]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from kernels import ops  # binds every public name into this package
+
+        return getattr(ops, name)
+    raise AttributeError(f"module 'kernels' has no attribute {name!r}")

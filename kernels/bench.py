@@ -1,0 +1,216 @@
+"""python -m kernels.bench: Triton vs torch reference vs materialize + SDPA, per op and context length.
+
+    python -m kernels.bench                       # --quick: contexts 1k, 4k, 16k
+    python -m kernels.bench --lengths 1024,65536  # up to 64k
+
+Headline configuration: B=1, 8 KV heads, 16 query heads, head_dim 128, tiers jpeg-k2-int8 and turbo-4;
+bf16 on a GPU, fp32 on CPU. Each row: median milliseconds over the repetitions and the peak extra
+memory of one call (CUDA allocator peak on a GPU; the process's peak RSS on CPU, with glibc told to
+mmap every large block so a freed block leaves the RSS); slow methods get fewer repetitions
+(TIME_BUDGET_S). Methods:
+
+    triton        the Triton kernel (GPU only; "n/a" on CPU)
+    reference     the torch reference (decode_attention: chunked, in the coefficient / rotated domain)
+    materialized  decode_attention only: decode K and V to (S, D), then SDPA
+    native_sdpa   decode_attention only: SDPA on uncompressed K/V in the bench dtype (no codec)
+
+Prints a table and writes CSV to assets/kernels-bench-<device>.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import math
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from codeckv.codecs.dct import DCT
+from codeckv.tiers import TIERS
+from kernels import Coded, Raw
+from kernels.dct_decode import dct_decode_ref, dct_decode_triton
+from kernels.dct_encode import dct_encode_ref, dct_encode_triton
+from kernels.decode_attention import decode_attention_ref, decode_attention_triton
+from kernels.dequant_rotate import dequant_rotate_ref, dequant_rotate_triton
+from kernels.rotate_quant import rotate_quant_ref, rotate_quant_triton
+
+BATCH, KV_HEADS, Q_HEADS, HEAD_DIM = 1, 8, 16, 128
+TIER_NAMES = ("jpeg-k2-int8", "turbo-4")
+QUICK_LENGTHS = (1024, 4096, 16384)
+METHODS = ("triton", "reference", "materialized", "native_sdpa")
+TIME_BUDGET_S = 3.0  # timed repetitions of one method stop near this many seconds (at least one)
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+class Meter:
+    """Median time and peak extra memory of a callable, on CUDA or CPU."""
+
+    def __init__(self, device: torch.device, reps: int) -> None:
+        self.device, self.reps = device, reps
+        if device.type == "cpu":  # large blocks straight from mmap: freeing them returns them, RSS tracks usage
+            ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 16)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def measure(self, fn: Callable[[], object]) -> tuple[float, float]:
+        """(median ms, peak extra MiB): the first call (warm-up, Triton compilation) gives the peak memory."""
+        start = time.perf_counter()
+        mib = self.peak_mib(fn)
+        first = time.perf_counter() - start
+        reps = max(1, min(self.reps, int(TIME_BUDGET_S / max(first, 1e-9))))  # slow references run fewer times
+        return self.time_ms(fn, reps), mib
+
+    def time_ms(self, fn: Callable[[], object], reps: int) -> float:
+        times = []
+        for _ in range(reps):
+            self._sync()
+            start = time.perf_counter()
+            fn()
+            self._sync()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
+    def peak_mib(self, fn: Callable[[], object]) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fn()
+            torch.cuda.synchronize()
+            return (torch.cuda.max_memory_allocated() - base) / 2**20
+        with open("/proc/self/clear_refs", "w") as f:  # reset the peak RSS (VmHWM) to the current RSS
+            f.write("5")
+        base = _status_bytes("VmRSS")
+        fn()
+        return (_status_bytes("VmHWM") - base) / 2**20
+
+
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _kv(tokens: int, device: torch.device, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """(B, KV heads, tokens, head_dim) KV-like data: a random walk along the tokens plus noise."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    shape = (BATCH, KV_HEADS, tokens, HEAD_DIM)
+    x = (0.1 * torch.randn(shape, generator=g, device=device)).cumsum(2)
+    return (x + torch.randn(shape, generator=g, device=device)).to(dtype)
+
+
+def _materialized(query: torch.Tensor, segments: list, dtype: torch.dtype) -> torch.Tensor:
+    """Decode every segment to (S, D), then SDPA: what the kernels avoid."""
+    keys, values = [], []
+    for seg in segments:
+        if isinstance(seg, Raw):
+            keys.append(seg.keys)
+            values.append(seg.values)
+        else:
+            keys.append(seg.key_codec.decode(seg.keys).to(dtype))
+            values.append(seg.value_codec.decode(seg.values).to(dtype))
+    return F.scaled_dot_product_attention(query, torch.cat(keys, 2), torch.cat(values, 2), enable_gqa=True)
+
+
+def _cases(tier_name: str, context: int, device: torch.device, dtype: torch.dtype, gpu: bool):
+    """(op, {method: callable}) for one tier and context length."""
+    tier = TIERS[tier_name]
+    unit = math.lcm(tier.key.block_tokens, tier.value.block_tokens)
+    archived = (context - 1) // unit * unit  # the rest is the raw tail, new token included
+    keys, values = _kv(context, device, dtype, 1), _kv(context, device, dtype, 2)
+    segments = [
+        Coded(tier.key, tier.key.encode(keys[:, :, :archived]), tier.value, tier.value.encode(values[:, :, :archived])),
+        Raw(keys[:, :, archived:], values[:, :, archived:]),
+    ]
+    query = torch.randn(BATCH, Q_HEADS, 1, HEAD_DIM, device=device).to(dtype)
+    attention = {
+        "triton": (lambda: decode_attention_triton(query, segments)) if gpu else None,
+        "reference": lambda: decode_attention_ref(query, segments),
+        "materialized": lambda: _materialized(query, segments, dtype),
+        "native_sdpa": lambda: F.scaled_dot_product_attention(query, keys, values, enable_gqa=True),
+    }
+    yield "decode_attention", attention
+    if isinstance(tier.key, DCT):
+        codec, x, enc = tier.key, keys[:, :, :archived], segments[0].keys
+        yield "dct_encode", {"triton": (lambda: dct_encode_triton(x, codec)) if gpu else None,
+                             "reference": lambda: dct_encode_ref(x, codec)}
+        yield "dct_decode", {"triton": (lambda: dct_decode_triton(enc, codec)) if gpu else None,
+                             "reference": lambda: dct_decode_ref(enc, codec)}
+    else:
+        codec, x, enc = tier.value, values[:, :, :archived], segments[0].values
+        yield "rotate_quant", {"triton": (lambda: rotate_quant_triton(x, codec)) if gpu else None,
+                               "reference": lambda: rotate_quant_ref(x, codec)}
+        yield "dequant_rotate", {"triton": (lambda: dequant_rotate_triton(enc, codec)) if gpu else None,
+                                 "reference": lambda: dequant_rotate_ref(enc, codec)}
+
+
+def run(lengths: list[int], reps: int, out: Path | None) -> list[dict]:
+    """Measure every op / tier / length / method; print the table; write the CSV; return the rows."""
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if gpu else "cpu")
+    dtype = torch.bfloat16 if gpu else torch.float32
+    label = torch.cuda.get_device_name().lower().replace(" ", "-") if gpu else "cpu"
+    meter = Meter(device, reps)
+    rows = []
+    with torch.inference_mode():
+        for tier_name in TIER_NAMES:
+            for context in lengths:
+                for op, methods in _cases(tier_name, context, device, dtype, gpu):
+                    row = {"device": label, "op": op, "tier": tier_name, "context": context, "dtype": str(dtype)[6:]}
+                    for method in METHODS:
+                        fn = methods.get(method)
+                        ms, mib = meter.measure(fn) if fn else (None, None)
+                        row[f"{method}_ms"] = "n/a" if ms is None else f"{ms:.4f}"
+                        row[f"{method}_peak_mib"] = "n/a" if mib is None else f"{mib:.2f}"
+                    rows.append(row)
+                    _print_row(row, first=len(rows) == 1)
+    if out is None:
+        out = ASSETS / f"kernels-bench-{label}.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"\nwrote {out}")
+    return rows
+
+
+def _print_row(row: dict, first: bool) -> None:
+    cells = [f"{row['op']:<16}", f"{row['tier']:<13}", f"{row['context']:>7}"]
+    cells += [f"{row[f'{m}_ms']:>12}" for m in METHODS] + [f"{row[f'{m}_peak_mib']:>12}" for m in METHODS]
+    if first:
+        head = [f"{'op':<16}", f"{'tier':<13}", f"{'context':>7}"]
+        head += [f"{m[:9] + ' ms':>12}" for m in METHODS] + [f"{m[:8] + ' MiB':>12}" for m in METHODS]
+        print(f"device {row['device']}, B={BATCH} KV heads={KV_HEADS} Q heads={Q_HEADS} head_dim={HEAD_DIM} "
+              f"{row['dtype']}; median ms and peak extra MiB per call")
+        print(" ".join(head))
+    print(" ".join(cells), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="contexts 1k, 4k, 16k (the default)")
+    parser.add_argument("--lengths", type=str, default=None, help="comma-separated contexts, e.g. 1024,65536")
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions (default: 5 on CPU, 50 on GPU)")
+    parser.add_argument("--out", type=Path, default=None, help="CSV path (default: assets/kernels-bench-<device>.csv)")
+    args = parser.parse_args()
+    if args.quick and args.lengths:
+        parser.error("--quick and --lengths are exclusive")
+    lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else list(QUICK_LENGTHS)
+    reps = args.reps or (50 if torch.cuda.is_available() else 5)
+    run(lengths, reps, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,414 @@
+"""Stored codes as the kernels read them: a codec's `Layout`, and the Triton device helpers the ops share.
+
+Every codec the kernels handle stores its tokens as rows (codecs/*.py document the tensors):
+
+    x[block * r + n] = (sum_j M[j, n] * row[block * k + j]) @ Q.T       token n of a block of r tokens
+
+    M (k, r)   DCT synthesis basis (DCT codecs); the 1x1 identity otherwise (r = k = 1, a row is a token)
+    Q (D, D)   the Rotation's orthonormal matrix; the identity when there is no rotation
+    row        a leaf quantizer's dequantized row: level[code] * scale (+ offset), or a raw row (DCT's
+               own `coeffs` in x.dtype, or a Cast leaf's `values` in its storage dtype)
+
+Attention never needs x itself: q . x[p] = ((q Q) . row) weighted by M, so scores and outputs are
+computed on the rows (the coefficient / rotated domain), see decode_attention.py.
+
+Leaf quantizers (GroupQuant, LloydMaxQuant) share one dequantization rule, x = level[code] * scale (+ zero):
+
+    GroupQuant      level = code (0 .. 2**bits - 1)   + zero (fp16)
+    LloydMaxQuant   level = codebook(bits)[code]      no offset
+
+with `scale`/offset per token (D/group per row) or per channel (one per `group` rows), codes packed
+LSB-first along head_dim (codecs/bitpack.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from codeckv.codecs.base import Codec, Encoded
+from codeckv.codecs.bitpack import pack_unit
+from codeckv.codecs.cast import DTYPES, Cast
+from codeckv.codecs.dct import DCT, dct_basis
+from codeckv.codecs.lloyd_max import LloydMaxQuant, codebook, thresholds
+from codeckv.codecs.quant import GroupQuant
+from codeckv.codecs.rotation import Rotation
+
+COEFFS_PREFIX = "coeffs."  # DCT stores its inner quantizer's tensors under this prefix (codecs/dct.py)
+
+
+# Small float32 tables are built once per device: a decode step must not copy them host -> device.
+
+
+@functools.cache
+def synthesis_basis(block: int, k: int, device: torch.device) -> torch.Tensor:
+    """M (k, block) float32: the DCT-II synthesis basis; [[1.]] for block = k = 1 (a row is a token)."""
+    return dct_basis(block, k, device)
+
+
+@functools.cache
+def _levels(bits: int, lloyd_max: bool, device: torch.device) -> torch.Tensor:
+    return codebook(bits, device) if lloyd_max else torch.arange(1 << bits, dtype=torch.float32, device=device)
+
+
+@functools.cache
+def _thresholds(bits: int, device: torch.device) -> torch.Tensor:
+    return thresholds(bits, device)
+
+
+@functools.cache
+def _rotation(rotation: Rotation, head_dim: int, device: torch.device) -> torch.Tensor:
+    return rotation.matrix(head_dim, device)
+
+
+def slice_encoded(enc: Encoded, start: int, stop: int) -> Encoded:
+    """Tokens [start, stop) of an archive, as views: every tensor is sliced proportionally along dim 2.
+
+    start and stop must be multiples of the codec's block_tokens (whole blocks / quantization groups).
+    """
+    b, h, s, d = enc.shape
+    if not 0 <= start <= stop <= s:
+        raise ValueError(f"slice_encoded: tokens [{start}, {stop}) are outside the archive's {s} tokens")
+    data = {}
+    for name, t in enc.data.items():
+        lo, hi = t.shape[2] * start, t.shape[2] * stop
+        if lo % s or hi % s:
+            raise ValueError(f"slice_encoded: tokens [{start}, {stop}) cut a stored row of '{name}'")
+        data[name] = t[:, :, lo // s : hi // s]
+    return Encoded(data, (b, h, stop - start, d), enc.dtype)
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How a leaf quantizer's rows dequantize (see the module docstring)."""
+
+    bits: int
+    group: int
+    per_channel: bool
+    lloyd_max: bool  # levels from the Lloyd-Max codebook, else the integer code
+    offset: str | None  # "zero" (GroupQuant) or None (LloydMaxQuant): the stored tensor added after scaling
+
+    @staticmethod
+    def of(codec: Codec | None) -> QuantSpec | None:
+        """The spec of a GroupQuant / LloydMaxQuant, None for anything else."""
+        if isinstance(codec, GroupQuant):
+            return QuantSpec(codec.bits, codec.group, codec.per_channel, False, "zero")
+        if isinstance(codec, LloydMaxQuant):
+            return QuantSpec(codec.bits, codec.group, codec.per_channel, True, None)
+        return None
+
+    def levels(self, device: torch.device | str) -> torch.Tensor:
+        """level[code]: (2**bits,) float32."""
+        return _levels(self.bits, self.lloyd_max, torch.device(device))
+
+    def thresholds(self, device: torch.device | str) -> torch.Tensor:
+        """Decision thresholds between Lloyd-Max levels (2**bits - 1,) float32 (encode only)."""
+        return _thresholds(self.bits, torch.device(device))
+
+    def packs(self, head_dim: int) -> bool:
+        """True when the Triton encoders can pack this layout: every packing unit lies in one group."""
+        width = head_dim if self.per_channel else self.group
+        return width % pack_unit(self.bits)[0] == 0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A codec read as rows: x[block*r + n] = (sum_j M[j, n] row[block*k + j]) @ Q.T (module docstring)."""
+
+    block: int  # r: tokens per block (1 without DCT)
+    k: int  # stored rows per block (1 without DCT)
+    rotation: Rotation | None  # Q, or None for the identity
+    leaf: Codec | None  # decodes the rows (a quantizer, Cast, Delta, ...); None: rows stored raw under "coeffs"
+    prefix: str  # name prefix of the leaf's tensors in Encoded.data
+
+    @staticmethod
+    def of(codec: Codec) -> Layout:
+        """Split any codec into DCT synthesis, rotation and leaf (unknown codecs become a leaf of r = k = 1)."""
+        if isinstance(codec, DCT):
+            if codec.coeffs is None:
+                return Layout(codec.block_size, codec.k, None, None, "")
+            inner, block, k, prefix = codec.coeffs, codec.block_size, codec.k, COEFFS_PREFIX
+        else:
+            inner, block, k, prefix = codec, 1, 1, ""
+        if isinstance(inner, Rotation):
+            return Layout(block, k, inner, inner.inner, prefix)
+        return Layout(block, k, None, inner, prefix)
+
+    @property
+    def quant(self) -> QuantSpec | None:
+        return QuantSpec.of(self.leaf)
+
+    @property
+    def raw_name(self) -> str | None:
+        """The stored tensor holding raw rows: DCT's own "coeffs", a Cast leaf's "values"; None when quantized."""
+        if self.leaf is None:
+            return "coeffs"
+        if isinstance(self.leaf, Cast):
+            return self.prefix + "values"
+        return None
+
+    def raw_dtype(self, x_dtype: torch.dtype) -> torch.dtype:
+        """The dtype raw rows are stored in (a Cast leaf's dtype, else the tokens' dtype)."""
+        return DTYPES[self.leaf.dtype] if isinstance(self.leaf, Cast) else x_dtype
+
+    @property
+    def kernel_ready(self) -> bool:
+        """True when the Triton kernels read these rows (raw rows, or a GroupQuant / LloydMaxQuant leaf)."""
+        return self.raw_name is not None or self.quant is not None
+
+    def basis(self, device: torch.device | str) -> torch.Tensor:
+        """M (k, r) float32: the DCT synthesis basis, or [[1.]]."""
+        return synthesis_basis(self.block, self.k, torch.device(device))
+
+    def matrix(self, head_dim: int, device: torch.device | str) -> torch.Tensor | None:
+        """Q (D, D) float32, or None without rotation."""
+        if self.rotation is None:
+            return None
+        return _rotation(self.rotation, head_dim, torch.device(device))
+
+    def rows(self, enc: Encoded, start: int, stop: int) -> torch.Tensor:
+        """Dequantized rows of tokens [start, stop) (block-aligned): (B, H, (stop-start)*k/r, D) float32.
+
+        The rows are in the stored domain (DCT coefficients, rotated coordinates): decoded by the leaf
+        codec itself on a slice of the archive, so the format has a single source of truth.
+        """
+        part = slice_encoded(enc, start, stop)
+        b, h, s, d = part.shape
+        n_rows = s // self.block * self.k
+        if self.leaf is None:
+            return part.data["coeffs"].float()
+        data = {name[len(self.prefix) :]: t for name, t in part.data.items()}
+        return self.leaf.decode(Encoded(data, (b, h, n_rows, d), torch.float32)).float()
+
+    def tensors(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(rows or codes, scale, offset) as the kernels read them; scale/offset None for raw rows."""
+        if self.raw_name is not None:
+            return enc.data[self.raw_name], None, None
+        spec = self.quant
+        if spec is None:
+            raise ValueError(f"the Triton kernels cannot read rows stored by {self.leaf!r}")
+        offset = enc.data[self.prefix + spec.offset] if spec.offset else None
+        return enc.data[self.prefix + "codes"], enc.data[self.prefix + "scale"], offset
+
+
+def row_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, head, row) strides of a (B, H, N, ...) tensor whose last dim is contiguous."""
+    if t.stride(-1) != 1:
+        raise ValueError("the kernels need the last dimension of every stored tensor to be contiguous")
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (and >= 1)."""
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def quant_meta(spec: QuantSpec | None, prefix: str) -> dict[str, int | bool]:
+    """Constexpr kernel arguments of a row stream: {prefix}RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD."""
+    if spec is None:
+        return {f"{prefix}RAW": True, f"{prefix}BITS": 8, f"{prefix}GROUP": 1, f"{prefix}PER_CHANNEL": False,
+                f"{prefix}HAS_OFFSET": False, f"{prefix}LLOYD": False}
+    return {f"{prefix}RAW": False, f"{prefix}BITS": spec.bits, f"{prefix}GROUP": spec.group,
+            f"{prefix}PER_CHANNEL": spec.per_channel, f"{prefix}HAS_OFFSET": spec.offset is not None,
+            f"{prefix}LLOYD": spec.lloyd_max}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Triton device helpers
+
+
+@triton.jit
+def unpack_codes(codes_ptr, rows, chans, mask, row_stride, BITS: tl.constexpr):
+    """Integer codes at (rows, chans) of LSB-first packed rows (codecs/bitpack.py); int32, broadcast shape."""
+    if BITS == 8:  # one code per byte: contiguous loads
+        code = tl.load(codes_ptr + rows * row_stride + chans, mask=mask, other=0).to(tl.int32)
+    else:
+        bit = chans * BITS
+        byte_ptr = codes_ptr + rows * row_stride + bit // 8
+        shift = bit % 8
+        word = tl.load(byte_ptr, mask=mask, other=0).to(tl.int32)
+        if BITS == 3:  # a 3-bit code may straddle two bytes (shift 6 or 7)
+            word = word | (tl.load(byte_ptr + 1, mask=mask & (shift > 5), other=0).to(tl.int32) << 8)
+        code = (word >> shift) & ((1 << BITS) - 1)
+    return code
+
+
+@triton.jit
+def load_rows(
+    rows_ptr,  # codes (B, H, N, D*bits/8) uint8, or raw rows (B, H, N, D), already offset to (b, h)
+    scale_ptr,  # fp16 scales, already offset to (b, h): (N, D/group) per token, (N/group, D) per channel
+    offset_ptr,  # fp16 zeros, same layout as scale (ignored unless HAS_OFFSET)
+    lut_ptr,  # (2**bits,) float32 levels (Lloyd-Max codebook; ignored unless LLOYD)
+    rows, chans, mask,  # broadcastable row / channel indices and validity
+    row_stride, stat_stride,  # element strides between rows of rows_ptr / scale_ptr
+    RAW: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, PER_CHANNEL: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, LLOYD: tl.constexpr,
+):
+    """Dequantized float32 rows: level[code] * scale (+ offset), or the raw rows cast to float32."""
+    if RAW:
+        x = tl.load(rows_ptr + rows * row_stride + chans, mask=mask, other=0.0).to(tl.float32)
+    else:
+        code = unpack_codes(rows_ptr, rows, chans, mask, row_stride, BITS)
+        if LLOYD:
+            level = tl.load(lut_ptr + code, mask=mask, other=0.0)
+        else:
+            level = code.to(tl.float32)
+        if PER_CHANNEL:
+            stat = (rows // GROUP) * stat_stride + chans
+        else:
+            stat = rows * stat_stride + chans // GROUP
+        x = level * tl.load(scale_ptr + stat, mask=mask, other=0.0).to(tl.float32)
+        if HAS_OFFSET:
+            x = x + tl.load(offset_ptr + stat, mask=mask, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
+def round_half_even(x):
+    """torch.round for float32: to the nearest integer, ties to even."""
+    f = tl.floor(x)
+    d = x - f
+    odd = f - 2.0 * tl.floor(f * 0.5)
+    return tl.where(d > 0.5, f + 1.0, tl.where(d < 0.5, f, f + odd))
+
+
+@triton.jit
+def pack_codes(
+    code,  # (R_P, NG_P, GW_P) int32 codes; element (row, g, t) is channel g*GW + t
+    mask,  # (R_P, NG_P, GW_P) validity
+    rows,  # (R_P, 1, 1) row index within the (b, h) stream
+    gidx,  # (1, NG_P, 1) group index along head_dim
+    codes_ptr,  # (N, D*bits/8) uint8 output, already offset to (b, h)
+    code_stride,  # bytes between rows
+    GW: tl.constexpr, BITS: tl.constexpr,
+):
+    """Store codes LSB-first packed (codecs/bitpack.py): `unit` codes -> `unit*bits/8` bytes; GW % unit == 0."""
+    UNIT: tl.constexpr = 8 if BITS == 3 else 8 // BITS
+    UNIT_BYTES: tl.constexpr = UNIT * BITS // 8
+    R_P: tl.constexpr = code.shape[0]
+    NG_P: tl.constexpr = code.shape[1]
+    NU_P: tl.constexpr = code.shape[2] // UNIT
+    units = tl.reshape(code, (R_P, NG_P, NU_P, UNIT))
+    shifts = (tl.arange(0, UNIT) * BITS)[None, None, None, :]
+    word = tl.sum(units << shifts, axis=3)  # (R_P, NG_P, NU_P): at most 24 bits
+    ok = tl.max(tl.reshape(mask.to(tl.int32), (R_P, NG_P, NU_P, UNIT)), axis=3) > 0
+    uidx = tl.arange(0, NU_P)[None, None, :]
+    dst = codes_ptr + rows * code_stride + gidx * (GW * BITS // 8) + uidx * UNIT_BYTES
+    for p in tl.static_range(UNIT_BYTES):
+        tl.store(dst + p, ((word >> (8 * p)) & 255).to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def quantize_pack(
+    y,  # (R_P, NG_P, GW_P) float32 values; element (row, g, t) is channel g*GW + t
+    mask,  # (R_P, NG_P, GW_P) validity
+    rows,  # (R_P, 1, 1) row index within the (b, h) stream
+    gidx,  # (1, NG_P, 1) group index along head_dim (0 per channel)
+    tidx,  # (1, 1, GW_P) index within the group (the channel, per channel)
+    stat_row,  # per channel: the index of the quantization group these rows form (the tile is one group)
+    codes_ptr, scale_ptr, offset_ptr,  # outputs, already offset to (b, h); offset = GroupQuant's zero
+    lut_ptr,  # (2**bits,) float32 Lloyd-Max levels
+    thr_ptr,  # (2**bits - 1,) float32 Lloyd-Max decision thresholds
+    mult_ptr, n_mult,  # candidate multiples of the group RMS (LloydMaxQuant.scales), float32
+    code_stride, stat_stride,  # element strides between rows of codes / of scale
+    GW: tl.constexpr,  # channels per group (per token), head_dim (per channel)
+    BITS: tl.constexpr, PER_CHANNEL: tl.constexpr, LLOYD: tl.constexpr,
+):
+    """Quantize one tile exactly as GroupQuant / LloydMaxQuant.encode do; store codes, scales and offsets."""
+    AXIS: tl.constexpr = 0 if PER_CHANNEL else 2  # the axis one quantization group spans
+    LEVELS: tl.constexpr = (1 << BITS) - 1
+    count = tl.maximum(tl.sum(mask.to(tl.float32), axis=AXIS, keep_dims=True), 1.0)
+    stat_mask = tl.max(mask.to(tl.int32), axis=AXIS, keep_dims=True) > 0
+    if PER_CHANNEL:
+        stat_off = stat_row * stat_stride + gidx * GW + tidx  # (1, NG_P, GW_P)
+    else:
+        stat_off = rows * stat_stride + gidx  # (R_P, NG_P, 1)
+    if LLOYD:
+        rms = tl.sqrt_rn(tl.math.div_rn(tl.sum(tl.where(mask, y * y, 0.0), axis=AXIS, keep_dims=True), count))
+        best_err = tl.full(rms.shape, float("inf"), tl.float32)
+        best_scale = tl.zeros(rms.shape, tl.float32)
+        code = tl.zeros(y.shape, tl.int32)
+        for i in range(n_mult):
+            s = (rms * tl.load(mult_ptr + i)).to(tl.float16).to(tl.float32)
+            u = tl.where(s > 0, tl.math.div_rn(y, tl.where(s > 0, s, 1.0)), 0.0)
+            c = tl.zeros(y.shape, tl.int32)  # torch.bucketize: how many thresholds are < u (binary search)
+            for step in tl.static_range(BITS):
+                probe = c + (1 << (BITS - 1 - step))
+                c = tl.where(u > tl.load(thr_ptr + probe - 1), probe, c)
+            e = tl.load(lut_ptr + c) * s - y
+            err = tl.sum(tl.where(mask, e * e, 0.0), axis=AXIS, keep_dims=True)
+            better = err < best_err
+            code = tl.where(better, c, code)
+            best_scale = tl.where(better, s, best_scale)
+            best_err = tl.where(better, err, best_err)
+        tl.store(scale_ptr + stat_off, best_scale.to(tl.float16), mask=stat_mask)
+    else:
+        lo = tl.min(tl.where(mask, y, float("inf")), axis=AXIS, keep_dims=True)
+        hi = tl.max(tl.where(mask, y, float("-inf")), axis=AXIS, keep_dims=True)
+        zero = lo.to(tl.float16)
+        z = zero.to(tl.float32)
+        scale = tl.math.div_rn(hi - z, tl.full(hi.shape, LEVELS, tl.float32)).to(tl.float16)
+        s = scale.to(tl.float32)
+        tl.store(scale_ptr + stat_off, scale, mask=stat_mask)
+        tl.store(offset_ptr + stat_off, zero, mask=stat_mask)
+        q = tl.where(s > 0, tl.math.div_rn(y - z, tl.where(s > 0, s, 1.0)), 0.0)
+        code = tl.minimum(tl.maximum(round_half_even(q), 0.0), LEVELS * 1.0).to(tl.int32)
+    pack_codes(code, mask, rows, gidx, codes_ptr, code_stride, GW, BITS)
+
+
+@triton.jit
+def rotation_slab(q_ptr, c0, SLAB: tl.constexpr, D: tl.constexpr, TRANSPOSE: tl.constexpr):
+    """Rows [c0, c0 + SLAB) of Q (or of Q.T): (SLAB, D) float32; Q (D, D) row-major, D a power of two.
+
+    y @ Q is accumulated slab by slab, sum over c0 of y[:, c0:c0+SLAB] @ slab, so that neither the
+    whole of Q nor a whole tile of y has to sit in registers next to the product.
+    """
+    i = c0 + tl.arange(0, SLAB)[:, None]
+    j = tl.arange(0, D)[None, :]
+    if TRANSPOSE:
+        q = tl.load(q_ptr + j * D + i)
+    else:
+        q = tl.load(q_ptr + i * D + j)
+    return q
+
+
+def rotation_slab_width(head_dim: int) -> int:
+    """Channels per rotation slab (a power of two >= 16 dividing head_dim, as tl.dot needs)."""
+    return min(32, head_dim)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launcher helpers shared by the encoders
+
+
+def quant_outputs(spec: QuantSpec, shape: tuple[int, int, int, int], device: torch.device, prefix: str = ""):
+    """Empty (codes, scale, offset) for `shape` = (B, H, N, D) rows, and the Encoded.data dict holding them."""
+    b, h, n, d = shape
+    codes = torch.empty((b, h, n, d * spec.bits // 8), dtype=torch.uint8, device=device)
+    stat_shape = (b, h, n // spec.group, d) if spec.per_channel else (b, h, n, d // spec.group)
+    scale = torch.empty(stat_shape, dtype=torch.float16, device=device)
+    offset = torch.empty(stat_shape, dtype=torch.float16, device=device) if spec.offset else None
+    data = {prefix + "codes": codes, prefix + "scale": scale}
+    if offset is not None:
+        data[prefix + spec.offset] = offset
+    return codes, scale, offset, data
+
+
+def encoder_inputs(spec: QuantSpec, leaf: Codec, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(levels, thresholds, scale multiples) float32 tensors the Lloyd-Max encoder reads (dummies otherwise)."""
+    if not spec.lloyd_max:
+        dummy = torch.zeros(1, dtype=torch.float32, device=device)
+        return dummy, dummy, dummy
+    mults = torch.tensor(leaf.scales, dtype=torch.float32, device=device)
+    return spec.levels(device), spec.thresholds(device), mults
+
+
+def tile_layout(spec: QuantSpec | None, head_dim: int) -> dict[str, int]:
+    """Channel tiling of a row: NG groups of GW channels (per token), or one group of D (per channel / raw)."""
+    width = spec.group if spec is not None and not spec.per_channel else head_dim
+    groups = head_dim // width
+    return {"NG": groups, "NG_P": pow2(groups), "GW": width, "GW_P": pow2(width)}

@@ -1,0 +1,410 @@
+"""decode_attention: new queries attend directly on stored codes; the (S, D) keys and values never exist.
+
+The sequence is a list of segments in order: `Coded` spans (an archive as its key and value codecs
+stored it) and `Raw` spans (sinks, the raw tail, the recent window, the new tokens). With a stored
+row layout x[b*r + n] = (sum_j M[j, n] row[b*k + j]) @ Q.T (kernels/codes.py):
+
+    scores   q . x[b*r + n] = sum_j ((q Q) . row[b*k + j]) M[j, n]    rotate q once, stay in row domain
+    output   sum_p w[p] x[p] = (sum_b sum_j (w_b M.T)[j] row[b*k + j]) @ Q.T    un-rotate the output once
+
+so a DCT tier touches k/r of the rows per token and a rotation tier never leaves the rotated domain.
+Raw values are rotated into the value domain once (they are few).
+
+Triton (flash-decoding): grid (B * Hkv, splits); every program runs an online softmax over its
+split's tiles for all G*T query rows of one KV head (GQA: query head = kv head * G + g) and writes a
+partial (max, sum, acc); the raw segments are one more launch of the same kernel with r = k = 1 and
+raw loads; `_combine_kernel` merges the partials. The torch reference streams the same math chunk
+by chunk (CHUNK_TOKENS), so it also never holds more than one chunk of dequantized rows, and it
+additionally takes a mask (any T, padding, causal prefill); the Triton path runs without a mask.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from codeckv.codecs.base import Codec, Encoded
+from kernels.codes import Layout, QuantSpec, load_rows, pow2, quant_meta, row_strides, synthesis_basis
+
+CHUNK_TOKENS = 1024  # tokens per step of the reference (rounded to whole blocks)
+TILE_ELEMENTS = 4096  # elements of the largest per-tile broadcast product (about 100-150 registers)
+NUM_WARPS = 4  # ptxas on sm_90: no spills, 3-4 programs per SM for the tiers in codeckv.tiers
+TARGET_PROGRAMS = 1024  # splits are chosen so that B * Hkv * splits reaches about this many programs
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class Coded:
+    """An archived span: keys and values exactly as their codecs stored them."""
+
+    key_codec: Codec
+    keys: Encoded  # shape (B, Hkv, n, D)
+    value_codec: Codec
+    values: Encoded  # shape (B, Hkv, n, Dv)
+
+    @property
+    def tokens(self) -> int:
+        return self.keys.shape[2]
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A span of full-precision tokens."""
+
+    keys: torch.Tensor  # (B, Hkv, n, D)
+    values: torch.Tensor  # (B, Hkv, n, Dv)
+
+    @property
+    def tokens(self) -> int:
+        return self.keys.shape[2]
+
+
+Segment = Coded | Raw
+
+
+def _geometry(segments: list[Segment]) -> tuple[int, int]:
+    """(KV heads, value head_dim) shared by every segment."""
+    if not segments:
+        raise ValueError("decode_attention: expected at least one segment (Coded or Raw), got none")
+    return segments[0].keys.shape[1], segments[0].values.shape[-1]  # tensors and Encoded both carry .shape
+
+
+def _value_rotation(segments: list[Segment], dv: int, device: torch.device) -> torch.Tensor | None:
+    """Q of the values' domain (the coded values' rotation), shared by every Coded segment; None if unrotated."""
+    rotations = {Layout.of(s.value_codec).rotation for s in segments if isinstance(s, Coded)}
+    if len(rotations) > 1:
+        raise ValueError(f"decode_attention: Coded segments disagree on the value rotation ({rotations})")
+    rotation = rotations.pop() if rotations else None
+    return None if rotation is None else rotation.matrix(dv, device)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Torch reference
+
+
+class _OnlineSoftmax:
+    """Running max / sum / weighted values over chunks of scores (B, Hkv, G, T, n)."""
+
+    def __init__(self, shape: tuple[int, ...], dv: int, device: torch.device) -> None:
+        self.m = torch.full(shape, -math.inf, device=device)
+        self.l = torch.zeros(shape, device=device)
+        self.acc = torch.zeros((*shape, dv), device=device)
+
+    def weights(self, scores: torch.Tensor) -> torch.Tensor:
+        """Fold a chunk's scores in; rescale the accumulator; return the chunk's unnormalized weights."""
+        m = torch.maximum(self.m, scores.amax(-1))
+        m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # rows that have seen nothing yet
+        alpha = torch.exp(self.m - m_safe)
+        p = torch.exp(scores - m_safe.unsqueeze(-1))
+        self.l = self.l * alpha + p.sum(-1)
+        self.acc *= alpha.unsqueeze(-1)
+        self.m = m
+        return p
+
+    def result(self) -> torch.Tensor:
+        return self.acc / self.l.unsqueeze(-1)
+
+
+def _bias(mask: torch.Tensor | None, b: int, hkv: int, g: int, t: int) -> torch.Tensor | None:
+    """An additive float32 bias (B, Hkv|1, G|1, T, S) from a bool (True = attend) or additive mask."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, -math.inf)
+    mask = mask.float().expand(b, -1, t, -1)
+    if mask.shape[1] == 1:
+        return mask.unsqueeze(1)
+    return mask.reshape(b, hkv, g, t, mask.shape[-1])
+
+
+def _to_tokens(rows_weights: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Row-domain scores (..., nblk*k) -> token scores (..., nblk*r): per block, (..., k) @ M (k, r)."""
+    k, r = basis.shape
+    if k == r == 1:
+        return rows_weights
+    lead = rows_weights.shape[:-1]
+    return (rows_weights.reshape(*lead, -1, k) @ basis).reshape(*lead, -1)
+
+
+def _to_rows(token_weights: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Token weights (..., nblk*r) -> row weights (..., nblk*k): per block, (..., r) @ M.T."""
+    k, r = basis.shape
+    if k == r == 1:
+        return token_weights
+    lead = token_weights.shape[:-1]
+    return (token_weights.reshape(*lead, -1, r) @ basis.T).reshape(*lead, -1)
+
+
+def decode_attention_ref(
+    query: torch.Tensor,
+    segments: list[Segment],
+    scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    chunk_tokens: int = CHUNK_TOKENS,
+) -> torch.Tensor:
+    """Attention of query (B, Hq, T, D) on the segments, chunk by chunk in the row domain: (B, Hq, T, Dv).
+
+    mask: None (every query sees every token) or (B, 1|Hq, T, S) bool (True = attend) / additive float,
+    S = the segments' tokens in order. Peak extra memory is one chunk of rows, not the (S, D) tensors.
+    """
+    b, hq, t, d = query.shape
+    hkv, dv = _geometry(segments)
+    g = hq // hkv
+    scale = d**-0.5 if scale is None else scale
+    device = query.device
+    q = query.float().reshape(b, hkv, g, t, d)
+    v_rot = _value_rotation(segments, dv, device)
+    bias = _bias(mask, b, hkv, g, t)
+    state = _OnlineSoftmax((b, hkv, g, t), dv, device)
+    pos = 0
+    for seg in segments:
+        if isinstance(seg, Raw):
+            for lo in range(0, seg.tokens, chunk_tokens):
+                hi = min(seg.tokens, lo + chunk_tokens)
+                s = torch.einsum("bhgtd,bhnd->bhgtn", q, seg.keys[:, :, lo:hi].float()) * scale
+                if bias is not None:
+                    s = s + bias[..., pos + lo : pos + hi]
+                values = seg.values[:, :, lo:hi].float()
+                values = values if v_rot is None else values @ v_rot
+                state.acc += torch.einsum("bhgtn,bhnd->bhgtd", state.weights(s), values)
+        else:
+            kl, vl = Layout.of(seg.key_codec), Layout.of(seg.value_codec)
+            qk = q if kl.rotation is None else q @ kl.matrix(d, device)
+            mk, mv = kl.basis(device), vl.basis(device)
+            unit = math.lcm(seg.key_codec.block_tokens, seg.value_codec.block_tokens, kl.block, vl.block)
+            step = max(unit, chunk_tokens // unit * unit)
+            for lo in range(0, seg.tokens, step):
+                hi = min(seg.tokens, lo + step)
+                rows = kl.rows(seg.keys, lo, hi)  # (B, Hkv, nblk*k, D)
+                s = _to_tokens(torch.einsum("bhgtd,bhrd->bhgtr", qk, rows), mk) * scale
+                if bias is not None:
+                    s = s + bias[..., pos + lo : pos + hi]
+                weights = _to_rows(state.weights(s), mv)
+                state.acc += torch.einsum("bhgtr,bhrd->bhgtd", weights, vl.rows(seg.values, lo, hi))
+        pos += seg.tokens
+    out = state.result()
+    if v_rot is not None:
+        out = out @ v_rot.T
+    return out.reshape(b, hq, t, dv).to(query.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Triton
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr,  # (B, Hkv, NQ, D) float32 query rows, contiguous, in the key domain (rotated when the keys are)
+    k_rows, k_scale, k_offset, k_lut,  # keys: codes | raw rows; fp16 scale; fp16 zero; Lloyd-Max levels
+    k_sb, k_sh, k_sr, ks_sb, ks_sh, ks_sr,  # key rows and key scale strides (batch, head, row)
+    v_rows, v_scale, v_offset, v_lut,  # values, same roles
+    v_sb, v_sh, v_sr, vs_sb, vs_sh, vs_sr,
+    basis_ptr,  # (K, R) float32 synthesis basis M ([[1.]] for r = k = 1)
+    m_ptr, l_ptr, acc_ptr,  # partials (B*Hkv, n_split_total, NQ_P) and (B*Hkv, n_split_total, NQ_P, DV_P)
+    n_heads, n_blocks, blocks_per_split,  # Hkv, blocks in this launch, blocks per program
+    split_base, n_split_total,  # this launch's first partial slot, slots per (b, kv head)
+    qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
+    NQ: tl.constexpr, NQ_P: tl.constexpr,  # query rows per KV head (G * T), padded
+    D: tl.constexpr, D_P: tl.constexpr, DV: tl.constexpr, DV_P: tl.constexpr,
+    K: tl.constexpr, K_P: tl.constexpr, R: tl.constexpr, R_P: tl.constexpr, BLOCK_NB: tl.constexpr,
+    K_RAW: tl.constexpr, K_BITS: tl.constexpr, K_GROUP: tl.constexpr, K_PER_CHANNEL: tl.constexpr,
+    K_HAS_OFFSET: tl.constexpr, K_LLOYD: tl.constexpr,
+    V_RAW: tl.constexpr, V_BITS: tl.constexpr, V_GROUP: tl.constexpr, V_PER_CHANNEL: tl.constexpr,
+    V_HAS_OFFSET: tl.constexpr, V_LLOYD: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (pid_bh // n_heads).to(tl.int64)
+    h = (pid_bh % n_heads).to(tl.int64)
+    start = split * blocks_per_split
+    end = tl.minimum(start + blocks_per_split, n_blocks)
+
+    qi = tl.arange(0, NQ_P)[:, None]
+    dq = tl.arange(0, D_P)[None, :]
+    q = tl.load(q_ptr + (pid_bh * NQ + qi) * D + dq, mask=(qi < NQ) & (dq < D), other=0.0)
+    q4 = q[:, None, None, :]  # (NQ_P, 1, 1, D_P)
+    jm = tl.arange(0, K_P)[:, None]
+    nm = tl.arange(0, R_P)[None, :]
+    basis = tl.load(basis_ptr + jm * R + nm, mask=(jm < K) & (nm < R), other=0.0)[None, None, :, :]  # (1,1,K_P,R_P)
+
+    j = tl.arange(0, K_P)[None, :, None]  # (1, K_P, 1) row within the block
+    dk = tl.arange(0, D_P)[None, None, :]
+    dv = tl.arange(0, DV_P)[None, None, :]
+    n_tok = tl.arange(0, R_P)[None, None, :]  # (1, 1, R_P) token within the block
+    k_base = k_rows + b * k_sb + h * k_sh
+    ks_base = b * ks_sb + h * ks_sh
+    v_base = v_rows + b * v_sb + h * v_sh
+    vs_base = b * vs_sb + h * vs_sh
+
+    m_i = tl.full((NQ_P,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((NQ_P,), dtype=tl.float32)
+    acc = tl.zeros((NQ_P, DV_P), dtype=tl.float32)
+    for b0 in range(start, end, BLOCK_NB):
+        blk = b0 + tl.arange(0, BLOCK_NB)[:, None, None]  # (NB, 1, 1)
+        rows = blk * K + j  # (NB, K_P, 1)
+        row_ok = (blk < end) & (j < K)
+        kc = load_rows(k_base, k_scale + ks_base, k_offset + ks_base, k_lut, rows, dk, row_ok & (dk < D),
+                       k_sr, ks_sr, K_RAW, K_BITS, K_GROUP, K_PER_CHANNEL, K_HAS_OFFSET, K_LLOYD)  # (NB, K_P, D_P)
+        qc = tl.sum(q4 * kc[None, :, :, :], axis=3)  # (NQ_P, NB, K_P): q . row
+        s = tl.sum(qc[:, :, :, None] * basis, axis=2)  # (NQ_P, NB, R_P): q . token
+        tok_ok = ((b0 + tl.arange(0, BLOCK_NB)[None, :, None]) < end) & (n_tok < R)
+        s = tl.where(tok_ok, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(tl.max(s, axis=2), axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None, None])
+        l_i = l_i * alpha + tl.sum(tl.sum(p, axis=2), axis=1)
+        pc = tl.sum(p[:, :, None, :] * basis, axis=3)  # (NQ_P, NB, K_P): weights of the rows
+        vc = load_rows(v_base, v_scale + vs_base, v_offset + vs_base, v_lut, rows, dv, row_ok & (dv < DV),
+                       v_sr, vs_sr, V_RAW, V_BITS, V_GROUP, V_PER_CHANNEL, V_HAS_OFFSET, V_LLOYD)  # (NB, K_P, DV_P)
+        acc = acc * alpha[:, None] + tl.sum(tl.sum(pc[:, :, :, None] * vc[None, :, :, :], axis=2), axis=1)
+        m_i = m_new
+
+    slot = (pid_bh * n_split_total + split_base + split) * NQ_P
+    qr = tl.arange(0, NQ_P)
+    tl.store(m_ptr + slot + qr, m_i)
+    tl.store(l_ptr + slot + qr, l_i)
+    tl.store(acc_ptr + (slot + qi) * DV_P + tl.arange(0, DV_P)[None, :], acc)
+
+
+@triton.jit
+def _combine_kernel(
+    m_ptr, l_ptr, acc_ptr,  # partials of _decode_attention_kernel (max in the exp2 domain, sum, weighted values)
+    out_ptr,  # (B*Hkv, NQ, DV) float32
+    n_split,  # partial slots per (b, kv head)
+    NQ: tl.constexpr, NQ_P: tl.constexpr, DV: tl.constexpr, DV_P: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    row = tl.program_id(1)
+    base = pid_bh * n_split
+    sp = tl.arange(0, BLOCK_S)
+    m_run = tl.full((BLOCK_S,), float("-inf"), dtype=tl.float32)
+    for s0 in range(0, n_split, BLOCK_S):
+        m = tl.load(m_ptr + (base + s0 + sp) * NQ_P + row, mask=s0 + sp < n_split, other=float("-inf"))
+        m_run = tl.maximum(m_run, m)
+    m_all = tl.max(m_run, axis=0)
+    dv = tl.arange(0, DV_P)
+    l_run = tl.zeros((BLOCK_S,), dtype=tl.float32)
+    o = tl.zeros((DV_P,), dtype=tl.float32)
+    for s0 in range(0, n_split, BLOCK_S):
+        ok = s0 + sp < n_split
+        slot = (base + s0 + sp) * NQ_P + row
+        w = tl.where(ok, tl.math.exp2(tl.load(m_ptr + slot, mask=ok, other=float("-inf")) - m_all), 0.0)
+        l_run += w * tl.load(l_ptr + slot, mask=ok, other=0.0)
+        a = tl.load(acc_ptr + slot[:, None] * DV_P + dv[None, :], mask=ok[:, None], other=0.0)
+        o += tl.sum(a * w[:, None], axis=0)
+    tl.store(out_ptr + (pid_bh * NQ + row) * DV + dv, o / tl.sum(l_run, axis=0), mask=dv < DV)
+
+
+def decode_attention_supported(segments: list[Segment]) -> bool:
+    """True when the Triton path handles these segments: at most one Coded span whose key and value
+    layouts the kernel reads and share a block geometry (every tier in codeckv.tiers except png)."""
+    coded = [s for s in segments if isinstance(s, Coded)]
+    if len(coded) > 1:
+        return False
+    for seg in coded:
+        kl, vl = Layout.of(seg.key_codec), Layout.of(seg.value_codec)
+        if not (kl.kernel_ready and vl.kernel_ready and (kl.block, kl.k) == (vl.block, vl.k)):
+            return False
+    return True
+
+
+def _splits(n_blocks: int, block_nb: int, programs_per_split: int, num_splits: int | None) -> tuple[int, int]:
+    """(blocks per split, splits): whole tiles per split, about TARGET_PROGRAMS programs in all."""
+    tiles = triton.cdiv(n_blocks, block_nb)
+    wanted = num_splits if num_splits is not None else triton.cdiv(TARGET_PROGRAMS, programs_per_split)
+    per_split = triton.cdiv(tiles, max(1, min(wanted, tiles))) * block_nb
+    return per_split, triton.cdiv(n_blocks, per_split)
+
+
+def _block_nb(nq_p: int, k_p: int, r_p: int, d_p: int) -> int:
+    """Blocks per tile so that the (NQ_P, NB, K_P, max(D_P, R_P)) products stay within TILE_ELEMENTS."""
+    nb = max(1, TILE_ELEMENTS // (nq_p * k_p * max(d_p, r_p)))
+    return 1 << (nb.bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """One side (keys or values) of a launch, as _decode_attention_kernel reads it."""
+
+    rows: torch.Tensor  # codes (B, H, N, D*bits/8) or raw rows (B, H, N, D)
+    scale: torch.Tensor | None  # fp16 scales (None for raw rows)
+    zero: torch.Tensor | None  # fp16 zeros (GroupQuant only)
+    spec: QuantSpec | None  # None for raw rows
+
+    @staticmethod
+    def coded(layout: Layout, enc: Encoded) -> _Stream:
+        return _Stream(*layout.tensors(enc), layout.quant)
+
+    def args(self, device: torch.device) -> list:
+        """rows, scale, zero, levels pointers, then the rows' and the scale's (batch, head, row) strides."""
+        scale = self.rows if self.scale is None else self.scale  # placeholders are never read
+        zero = scale if self.zero is None else self.zero
+        levels = self.spec.levels(device) if self.spec is not None else synthesis_basis(1, 1, device)
+        return [self.rows, scale, zero, levels, *row_strides(self.rows), *row_strides(scale)]
+
+
+def decode_attention_triton(
+    query: torch.Tensor, segments: list[Segment], scale: float | None = None, num_splits: int | None = None
+) -> torch.Tensor:
+    """Flash-decoding on the stored codes: (B, Hq, T, D) queries, every query sees every token -> (B, Hq, T, Dv).
+
+    num_splits: splits of the coded span (default: enough for about TARGET_PROGRAMS programs).
+    """
+    if not decode_attention_supported(segments):
+        raise ValueError("decode_attention_triton: these segments need the reference (see decode_attention_supported)")
+    b, hq, t, d = query.shape
+    hkv, dv = _geometry(segments)
+    nq = hq // hkv * t
+    nq_p, d_p, dv_p = pow2(nq), pow2(d), pow2(dv)
+    device = query.device
+    scale = d**-0.5 if scale is None else scale
+    q = query.float().reshape(b, hkv, nq, d)  # query head = kv head * G + g: rows g-major, then t
+    v_rot = _value_rotation(segments, dv, device)
+
+    launches = []  # (query rows in the key domain, key stream, value stream, basis M, blocks, wanted splits)
+    for seg in segments:
+        if isinstance(seg, Coded) and seg.tokens:
+            kl, vl = Layout.of(seg.key_codec), Layout.of(seg.value_codec)
+            qk = q if kl.rotation is None else q @ kl.matrix(d, device)
+            launches.append((qk, _Stream.coded(kl, seg.keys), _Stream.coded(vl, seg.values), kl.basis(device),
+                             seg.tokens // kl.block, num_splits))
+    raws = [seg for seg in segments if isinstance(seg, Raw) and seg.tokens]
+    if raws:  # one more launch over every raw token, values rotated into the value domain
+        keys = torch.cat([seg.keys for seg in raws], dim=2)
+        values = torch.cat([seg.values for seg in raws], dim=2).float()
+        values = values if v_rot is None else values @ v_rot
+        launches.append((q, _Stream(keys, None, None, None), _Stream(values, None, None, None),
+                         synthesis_basis(1, 1, device), keys.shape[2], None))
+
+    plans = []  # launch + (blocks per tile, blocks per split, splits)
+    for launch in launches:
+        basis, n_blocks, wanted = launch[3:]
+        block_nb = _block_nb(nq_p, pow2(basis.shape[0]), pow2(basis.shape[1]), max(d_p, dv_p))
+        plans.append((*launch[:5], block_nb, *_splits(n_blocks, block_nb, b * hkv, wanted)))
+    total = sum(plan[-1] for plan in plans)
+    part_m = torch.empty((b * hkv, total, nq_p), dtype=torch.float32, device=device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty((b * hkv, total, nq_p, dv_p), dtype=torch.float32, device=device)
+
+    slot = 0
+    for qk, keys, values, basis, n_blocks, block_nb, per_split, n_split in plans:
+        k, r = basis.shape
+        _decode_attention_kernel[(b * hkv, n_split)](
+            qk.contiguous(), *keys.args(device), *values.args(device), basis, part_m, part_l, part_acc,
+            hkv, n_blocks, per_split, slot, total, scale * LOG2E,
+            NQ=nq, NQ_P=nq_p, D=d, D_P=d_p, DV=dv, DV_P=dv_p, K=k, K_P=pow2(k), R=r, R_P=pow2(r),
+            BLOCK_NB=block_nb, **quant_meta(keys.spec, "K_"), **quant_meta(values.spec, "V_"),
+            num_warps=NUM_WARPS,
+        )
+        slot += n_split
+
+    out = torch.empty((b * hkv, nq, dv), dtype=torch.float32, device=device)
+    _combine_kernel[(b * hkv, nq)](part_m, part_l, part_acc, out, total,
+                                   NQ=nq, NQ_P=nq_p, DV=dv, DV_P=dv_p, BLOCK_S=min(64, pow2(total)))
+    if v_rot is not None:
+        out = out @ v_rot.T
+    return out.reshape(b, hq, t, dv).to(query.dtype)

@@ -1,0 +1,108 @@
+"""Materialization-free attention (codeckv.attention): same tokens as the materialized cache, resident ~ archive."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from codeckv.attention import CodedLayer, materialization_free_cache, use_codec_attention
+from codeckv.cache import CodecCache, CodecLayer
+from codeckv.tiers import TIERS
+
+RESIDENT_SLACK = 0.05  # resident bytes may exceed the archive by at most 5% (at 4k tokens)
+
+
+@pytest.fixture(scope="module")
+def long_prompt(loaded):
+    """About 270 tokens of the embedded corpus: the archive holds dozens of blocks."""
+    from pydoc_data.topics import topics
+
+    return loaded.tokenizer(topics[sorted(topics)[3]][:1500], return_tensors="pt").input_ids
+
+
+@pytest.fixture
+def codec_attention_model(loaded):
+    use_codec_attention(loaded.model)
+    yield loaded.model
+    loaded.model.set_attn_implementation("sdpa")
+
+
+def _greedy(model, ids, cache, n):
+    out = model.generate(ids, cache=cache, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[:, ids.shape[1] :]
+
+
+@pytest.mark.parametrize("tier", ["png", "jpeg-k8-int8"])
+def test_greedy_tokens_equal_the_materialized_cache(loaded, long_prompt, codec_attention_model, tier):
+    materialized = _greedy(loaded.model, long_prompt, CodecCache.from_config(loaded.model.config, tier), 16)
+    cache = materialization_free_cache(loaded.model.config, tier)
+    got = _greedy(codec_attention_model, long_prompt, cache, 16)
+    assert torch.equal(got, materialized), f"{tier}: materialization-free greedy tokens differ"
+    assert all(isinstance(layer, CodedLayer) for layer in cache.layers)
+    assert cache.layers[0].archive_k.tokens > 200, "the archive must really be read"
+
+
+def test_native_cache_under_codec_attention_is_plain_sdpa(loaded, codec_attention_model):
+    ids = loaded.tokenizer("The history of the printing press begins in", return_tensors="pt").input_ids
+    native = _greedy(loaded.model, ids, DynamicCache(config=loaded.model.config), 8)
+    loaded.model.set_attn_implementation("sdpa")
+    assert torch.equal(native, _greedy(loaded.model, ids, DynamicCache(config=loaded.model.config), 8))
+
+
+@pytest.mark.parametrize("tier", ["png", "jpeg-k2-int8", "turbo-4"])
+def test_layer_attends_like_the_materialized_layer_through_crop_and_beams(tier):
+    torch.manual_seed(0)
+    config = dataclasses.replace(TIERS[tier], keep_first=3, keep_recent=5)
+    materialized, coded = CodecLayer(config), CodedLayer(config)
+    x, y = torch.randn(2, 2, 70, 64), torch.randn(2, 2, 70, 64)
+    materialized.update(x, y)
+    coded.update(x, y)
+    for step in range(12):
+        k, v = torch.randn(2, 2, 1, 64), torch.randn(2, 2, 1, 64)
+        keys, values = materialized.update(k, v)
+        coded.update(k, v)
+        query = torch.randn(2, 6, 1, 64)
+        want = F.scaled_dot_product_attention(query, keys, values, enable_gqa=True)
+        torch.testing.assert_close(coded.attend(query, None, None), want, atol=1e-5, rtol=1e-5, msg=f"step {step}")
+        if step == 4:
+            materialized.crop(-13)
+            coded.crop(-13)
+        if step == 8:
+            beams = torch.tensor([1, 1])
+            materialized.batch_select_indices(beams)
+            coded.batch_select_indices(beams)
+    assert coded.get_seq_length() == materialized.get_seq_length()
+    assert coded.footprint(0).archive_bytes == materialized.footprint(0).archive_bytes
+
+
+@pytest.mark.parametrize("tier", ["png", "jpeg-k8-int8", "turbo-4"])
+def test_resident_bytes_stay_within_five_percent_of_the_archive_at_4k(tier):
+    torch.manual_seed(0)
+    layer = CodedLayer(TIERS[tier])
+    layer.update(torch.randn(1, 3, 4096, 64), torch.randn(1, 3, 4096, 64))  # a 4k prefill (smollm2 geometry)
+    for _ in range(40):  # then decode steps, archiving block after block
+        layer.update(torch.randn(1, 3, 1, 64), torch.randn(1, 3, 1, 64))
+    fp = layer.footprint(0)
+    assert fp.resident_bytes <= (1 + RESIDENT_SLACK) * fp.archive_bytes, (
+        f"{tier}: resident {fp.resident_bytes} > archive {fp.archive_bytes} + {RESIDENT_SLACK:.0%}"
+    )
+
+
+def test_hybrid_gemma3_sliding_layers_stay_native_under_codec_attention():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, sliding_window=16, max_position_embeddings=256,
+        layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"],
+    )
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (1, 40))
+    materialized = _greedy(model, ids, CodecCache.from_config(config, "jpeg-k8-int8"), 24)
+    use_codec_attention(model)
+    cache = materialization_free_cache(config, "jpeg-k8-int8")
+    assert torch.equal(_greedy(model, ids, cache, 24), materialized)
+    assert [i for i, layer in enumerate(cache.layers) if isinstance(layer, CodedLayer)] == [2, 5]
