@@ -150,21 +150,22 @@ def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
 
 
 @guarded
-def run_sweep(prompt, model_name, tier_names, max_new_tokens, progress=gr.Progress()):
+def run_sweep(prompt, model_name, tier_names, max_new_tokens, progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
     """Every chosen tier on one prompt: table, charts and downloadable CSV / JSON."""
     if not tier_names:
         raise gr.Error("Choose at least one tier to sweep.")
     loaded = shared_model(model_name)
-    checked_prompt(loaded, prompt, int(max_new_tokens))
+    conversation = [{"role": "user", "content": prompt or ""}]
+    checked_prompt(loaded, conversation, int(max_new_tokens))
     result = sweep(
-        loaded, prompt, list(tier_names), int(max_new_tokens),
+        loaded, conversation, list(tier_names), int(max_new_tokens),
         progress=lambda done, total, message: progress((done, total), desc=message),
     )
     rows = as_dicts(result.rows)
     out = Path(tempfile.mkdtemp(prefix="codeckv-sweep-"))
     csv_path = write_csv(rows, out / "sweep.csv")
     json_path = write_json({"model": loaded.info.name, "prompt": prompt, "rows": rows}, out / "sweep.json")
-    table = [[row[c] for c in SWEEP_COLUMNS] for row in rows]
+    table = [[round(v, 4) if isinstance(v, float) else v for v in (row[c] for c in SWEEP_COLUMNS)] for row in rows]
     worst = max(result.comparisons, key=lambda label: result.comparisons[label].delta_nll_pct)
     return (
         table,
@@ -266,7 +267,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             sweep_tokens = gr.Slider(8, 128, value=32, step=8, label="new tokens per tier", scale=1)
         sweep_tiers = gr.CheckboxGroup(list(TIERS), value=CODEC_TIERS, label="tiers")
         sweep_button = gr.Button("Run sweep", variant="primary")
-        sweep_table = gr.Dataframe(headers=SWEEP_COLUMNS, label="results", interactive=False)
+        sweep_table = gr.Dataframe(headers=SWEEP_COLUMNS, label="results", interactive=False, elem_id="sweep-results")
         pareto = gr.Plot(label="storage vs ΔNLL")
         latency = gr.Plot(label="decode latency")
         token_match = gr.Plot(label="token match")

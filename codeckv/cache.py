@@ -34,6 +34,8 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DynamicL
 from codeckv.archive import Archive
 from codeckv.tiers import Tier, get_tier
 
+MIN_ARCHIVE_TOKENS = 8
+
 
 @dataclass
 class LayerFootprint:
@@ -91,7 +93,9 @@ class CodecLayer(DynamicLayer):
         if tier.key is None or tier.value is None:
             raise ValueError(f"tier '{tier.name}' has no codec; native layers use transformers' DynamicLayer")
         self.tier = tier
-        self.unit = math.lcm(tier.key.block_tokens, tier.value.block_tokens)  # tokens archived at a time
+        # Tokens archived at a time: whole codec blocks, and at least MIN_ARCHIVE_TOKENS so that per-token
+        # codecs (int8) encode once per 8 steps instead of paying an encode/decode call on every step.
+        self.unit = math.lcm(tier.key.block_tokens, tier.value.block_tokens, MIN_ARCHIVE_TOKENS)
         self._reset_state()
 
     def _reset_state(self) -> None:

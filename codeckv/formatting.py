@@ -37,7 +37,8 @@ def native_stats_markdown(cmp: Comparison) -> str:
 def codec_stats_markdown(cmp: Comparison) -> str:
     """The codec panel's line: archive and resident bytes vs bf16, latency vs native, token match, ΔNLL."""
     run = cmp.codec
-    divergence = "never diverged" if cmp.first_divergence is None else f"first divergence at token {cmp.first_divergence}"
+    first = cmp.first_divergence
+    divergence = "never diverged" if first is None else f"first divergence at token {first}"
     return (
         f"**{cmp.tier}** archive {human_bytes(run.archive_bytes)} (**{cmp.ratio_vs_bf16:.1%} of bf16**) · "
         f"resident {human_bytes(run.resident_bytes)} ({run.resident_bytes / run.bf16_bytes:.0%}) · "

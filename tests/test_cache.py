@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import DynamicCache, Gemma3TextConfig, Gemma3ForCausalLM
+from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig
 
 from codeckv.cache import CodecCache, CodecLayer, footprint
 from codeckv.tiers import TIERS
