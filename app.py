@@ -7,6 +7,7 @@ per-layer errors), Tier sweep (every tier on one prompt: table, charts, CSV/JSON
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect as pyinspect
 import os
@@ -103,11 +104,10 @@ def _text(content) -> str:
 
 
 @guarded
-def chat_turn(message, native_chat, codec_chat, model_name, tier_name, *advanced_and_tokens):
+def chat_turn(message, native_chat, codec_chat, model_name, tier_name, max_new_tokens, materialization_free, *advanced):
     """Stream one turn in both panels; both runs see the same conversation (the native replies)."""
-    *advanced, max_new_tokens = advanced_and_tokens
     loaded = shared_model(model_name)
-    tier = resolve_tier(tier_name, *advanced)
+    tier = dataclasses.replace(resolve_tier(tier_name, *advanced), materialization_free=bool(materialization_free))
     conversation = [{"role": m["role"], "content": _text(m["content"])} for m in native_chat or []]
     conversation.append({"role": "user", "content": message or ""})
     checked_prompt(loaded, conversation, int(max_new_tokens))
@@ -229,6 +229,9 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         with gr.Row():
             tier_name = gr.Dropdown(CODEC_TIERS, value="turbo-4", label="codec tier", scale=2)
             max_tokens = gr.Slider(8, MAX_NEW_TOKENS, value=96, step=8, label="max new tokens", scale=2)
+            materialization_free = gr.Checkbox(
+                label="materialization-free: attention reads the stored codes, no decoded view", value=False, scale=1
+            )
         chat_advanced = advanced_settings()
         with gr.Row(equal_height=True):
             with gr.Column():
@@ -278,7 +281,8 @@ with gr.Blocks(title="KV Codec Studio") as demo:
 
     demo.load(model_panel, model_name, [model_info, layer, head])
     model_name.change(model_panel, model_name, [model_info, layer, head])
-    chat_inputs = [message, native_chat, codec_chat, model_name, tier_name, *chat_advanced, max_tokens]
+    chat_inputs = [message, native_chat, codec_chat, model_name, tier_name, max_tokens, materialization_free,
+                   *chat_advanced]
     chat_outputs = [native_chat, codec_chat, native_stats, codec_stats, message]
     turns = [
         send.click(chat_turn, chat_inputs, chat_outputs, api_name="chat"),

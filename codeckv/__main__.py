@@ -29,7 +29,7 @@ def _quality(args: argparse.Namespace) -> None:
 
     rows = as_dicts(quality_table(loaded, tiers, args.windows, args.length, progress))
     bar.close()
-    columns = ["tier", "archive_bytes", "bf16_bytes", "ratio_vs_bf16", "nll", "delta_nll_pct"]
+    columns = ["tier", "archive_bytes", "bf16_bytes", "ratio_vs_bf16", "nll", "delta_nll_pct", "entropy_coded_bytes"]
     print(format_table(rows, columns))
     out = args.out or f"assets/quality-{loaded.info.name.replace('/', '_')}.csv"
     print(f"wrote {write_csv(rows, out)}")

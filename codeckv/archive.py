@@ -14,9 +14,15 @@ from codeckv.codecs.base import Encoded
 
 
 class Archive:
-    """Archived tokens of one codec stream (keys or values) of one layer."""
+    """Archived tokens of one codec stream (keys or values) of one layer.
 
-    def __init__(self) -> None:
+    tight=False: buffers double when full (amortized O(1) appends, up to 2x slack).
+    tight=True: buffers grow by 1/32 of the rows they need (at most ~3% slack), for the
+    materialization-free cache whose resident bytes should stay close to its archive.
+    """
+
+    def __init__(self, tight: bool = False) -> None:
+        self.tight = tight
         self.tokens = 0  # tokens archived so far
         self._rows: dict[str, int] = {}  # used rows (dim 2) per stored tensor
         self._buffers: dict[str, torch.Tensor] = {}  # (B, H, capacity_rows, ...) per stored tensor
@@ -30,7 +36,10 @@ class Archive:
             buffer = self._buffers.get(name)
             need = used + tensor.shape[2]
             if buffer is None or need > buffer.shape[2]:
-                capacity = max(need, 2 * (buffer.shape[2] if buffer is not None else 0), 16)
+                if self.tight:
+                    capacity = need + need // 32
+                else:
+                    capacity = max(need, 2 * (buffer.shape[2] if buffer is not None else 0), 16)
                 grown = tensor.new_empty(tensor.shape[:2] + (capacity,) + tensor.shape[3:])
                 if buffer is not None:
                     grown[:, :, :used] = buffer[:, :, :used]

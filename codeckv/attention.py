@@ -1,6 +1,6 @@
 """Materialization-free codec attention: attention reads the archived codes, no decoded view is kept.
 
-    cache = materialization_free_cache(model.config, "jpeg-k8-int8")
+    cache = CodecCache.from_config(model.config, "jpeg-k8-int8", materialization_free=True)
     use_codec_attention(model)          # the "codeckv" attention function; plain SDPA for every other layer
     model.generate(input_ids, cache=cache, max_new_tokens=64)
 
@@ -13,7 +13,7 @@ returns shape-only "meta" tensors tagged with the layer; `codec_attention`, regi
 transformers' AttentionInterface, recognizes the tag and runs kernels.decode_attention on the
 layer's segments (Triton on CUDA, the chunked torch reference elsewhere). Untagged keys (native
 layers, sliding-window layers, a materialized CodecLayer) go to transformers' SDPA unchanged.
-Resident bytes: the archive (growth slack <= 1/SLACK_DIVISOR) plus the raw tokens it holds.
+Resident bytes: the archive (tight buffers, growth slack <= 1/32) plus the raw tokens it holds.
 """
 
 from __future__ import annotations
@@ -25,30 +25,12 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from codeckv.archive import Archive
 from codeckv.cache import CodecCache, CodecLayer, LayerFootprint
-from codeckv.codecs.base import Encoded
 from codeckv.tiers import Tier
 from kernels.codes import slice_encoded
 from kernels.ops import Coded, Raw, Segment, decode_attention
 
 ATTENTION = "codeckv"  # the attn_implementation name
 TAG = "codeckv_layer"  # attribute of the meta tensors a CodedLayer returns
-SLACK_DIVISOR = 32  # archive buffers grow by 1/32 of their rows: at most ~3% unused capacity
-
-
-class TightArchive(Archive):
-    """An Archive whose buffers grow by 1/SLACK_DIVISOR of the rows they need instead of doubling."""
-
-    def append(self, enc: Encoded) -> None:
-        for name, tensor in enc.data.items():
-            buffer = self._buffers.get(name)
-            used = self._rows.get(name, 0)
-            need = used + tensor.shape[2]
-            if buffer is None or need > buffer.shape[2]:
-                grown = tensor.new_empty(tensor.shape[:2] + (need + need // SLACK_DIVISOR,) + tensor.shape[3:])
-                if buffer is not None:
-                    grown[:, :, :used] = buffer[:, :, :used]
-                self._buffers[name] = grown
-        super().append(enc)  # writes into the buffers, which now fit
 
 
 def _cat(pair: tuple[torch.Tensor, torch.Tensor] | None, k: torch.Tensor, v: torch.Tensor):
@@ -64,7 +46,7 @@ class CodedLayer(CodecLayer):
     def _reset_state(self) -> None:
         self.length = 0  # tokens held
         self.archived_upto = self.tier.keep_first  # tokens [keep_first, archived_upto) are archived
-        self.archive_k, self.archive_v = TightArchive(), TightArchive()
+        self.archive_k, self.archive_v = Archive(tight=True), Archive(tight=True)
         self._sinks: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, H, <= keep_first, D) raw
         self._tail: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [archived_upto, length) raw
 
@@ -230,7 +212,5 @@ def use_codec_attention(model) -> None:
 
 
 def materialization_free_cache(config, tier: Tier | str, **overrides) -> CodecCache:
-    """CodecCache.from_config with CodedLayer (no decoded view) on every codec layer."""
-    cache = CodecCache.from_config(config, tier, **overrides)
-    cache.layers = [CodedLayer(layer.tier) if isinstance(layer, CodecLayer) else layer for layer in cache.layers]
-    return cache
+    """CodecCache.from_config(..., materialization_free=True): CodedLayer on every codec layer."""
+    return CodecCache.from_config(config, tier, materialization_free=True, **overrides)

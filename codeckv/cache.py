@@ -237,14 +237,23 @@ class CodecCache(Cache):
 
     @classmethod
     def from_config(cls, config, tier: Tier | str, **overrides) -> CodecCache:
-        """Build the cache for a model config; `overrides` replace tier fields (e.g. keep_recent=32)."""
+        """Build the cache for a model config; `overrides` replace tier fields (e.g. keep_recent=32).
+
+        With materialization_free=True the codec layers keep no decoded view and attention reads the stored
+        codes: call `codeckv.attention.use_codec_attention(model)` once so the model routes attention there.
+        """
         tier = get_tier(tier) if isinstance(tier, str) else tier
         if overrides:
             tier = dataclasses.replace(tier, **overrides)
         layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
         native = tier.key is None
+        codec_layer = CodecLayer
+        if tier.materialization_free:
+            from codeckv.attention import CodedLayer  # imports this module: bound here, not at the top
+
+            codec_layer = CodedLayer
         layers = [
-            CodecLayer(tier) if kind == "full_attention" and not native else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs)
+            codec_layer(tier) if kind == "full_attention" and not native else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs)
             for kind, kwargs in zip(layer_types, layer_kwargs)
         ]
         return cls(layers, tier)

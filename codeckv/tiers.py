@@ -47,6 +47,7 @@ class Tier:
     keep_first: int = 0  # sink tokens kept at full precision
     keep_recent: int = 0  # most recent tokens kept at full precision
     max_rel_error: float = math.inf  # bound on ||decode(encode(x)) - x|| / ||x|| on the test signal
+    materialization_free: bool = False  # attention reads the stored codes, no decoded view (codeckv.attention)
 
     def __post_init__(self) -> None:
         for side, codec in (("key", self.key), ("value", self.value)):

@@ -23,6 +23,8 @@ def test_png_has_zero_delta_nll_and_lossy_tiers_report_their_bytes(loaded):
     assert rows["png"].archive_bytes == rows["native"].archive_bytes  # fp32 on CPU: the native cache's bytes
     assert rows["jpeg-k8-int8"].ratio_vs_bf16 <= 0.55  # 96 cached tokens: whole blocks, no raw tail
     assert abs(rows["jpeg-k8-int8"].delta_nll_pct) < 5
+    assert rows["png"].entropy_coded_bytes < rows["png"].archive_bytes, "zstd finds the lossless saving"
+    assert rows["jpeg-k8-int8"].entropy_coded_bytes is None
 
 
 def test_quality_cli_writes_csv(tmp_path, capsys):

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 from transformers import DynamicCache
 
-from codeckv.cache import CodecCache, footprint
+from codeckv.cache import CodecCache, CodecLayer, footprint
 from codeckv.measure.corpus import corpus_windows
 from codeckv.measure.nll import decode_nll, delta_percent
 from codeckv.models import LoadedModel
@@ -30,6 +30,7 @@ class QualityRow:
     ratio_vs_bf16: float
     nll: float
     delta_nll_pct: float
+    entropy_coded_bytes: int | None  # lossless tiers: the archive after byte shuffling + zstd (None otherwise)
     windows: int
     tokens_per_window: int
 
@@ -56,11 +57,12 @@ def quality_table(
             caches.append(cache)
             return cache
 
-        nlls, archive, bf16 = [], 0, 0
+        nlls, archive, bf16, entropy = [], 0, 0, 0
         for index, window in enumerate(data):
             nlls.append(decode_nll(loaded.model, window, make_cache).mean)
             fp = footprint(caches[-1])
             archive, bf16 = archive + fp.archive_bytes, bf16 + fp.bf16_bytes
+            entropy += entropy_coded_bytes(caches[-1]) or 0
             if progress:
                 progress(f"{tier.name}: window {index + 1}/{windows} done")
         nll = sum(nlls) / len(nlls)
@@ -74,11 +76,33 @@ def quality_table(
                 ratio_vs_bf16=archive / bf16,
                 nll=nll,
                 delta_nll_pct=delta_percent(nll, native_nll),
+                entropy_coded_bytes=entropy // windows if entropy else None,
                 windows=windows,
                 tokens_per_window=length,
             )
         )
     return rows
+
+
+def entropy_coded_bytes(cache) -> int | None:
+    """Bytes of a lossless cache's archive after entropy coding, raw tokens included; None for other caches.
+
+    Only codecs that know their entropy-coded size (Delta: byte shuffle + zstd) report one.
+    """
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        if not isinstance(layer, CodecLayer):
+            continue
+        codecs = (layer.tier.key, layer.tier.value)
+        if not all(hasattr(c, "entropy_nbytes") for c in codecs):
+            return None
+        fp = layer.footprint(0)
+        coded = layer.archive_k.nbytes + layer.archive_v.nbytes
+        total += fp.archive_bytes - coded  # raw sinks / tail, kept as they are
+        for codec, archive in zip(codecs, (layer.archive_k, layer.archive_v)):
+            if archive.tokens:
+                total += codec.entropy_nbytes(archive.encoded())
+    return total or None
 
 
 def as_dicts(rows: list[QualityRow]) -> list[dict]:

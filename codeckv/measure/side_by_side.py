@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import Cache, DynamicCache
 
+from codeckv.attention import use_codec_attention
 from codeckv.cache import CodecCache, footprint
 from codeckv.generate import chat_input_ids, greedy_stream, stop_token_ids
 from codeckv.measure.nll import decode_nll, delta_percent
@@ -155,8 +156,14 @@ def prompt_ids(loaded: LoadedModel, prompt: Prompt) -> torch.Tensor:
 
 
 def make_cache(loaded: LoadedModel, tier: Tier) -> Cache:
-    """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache."""
+    """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache.
+
+    A materialization-free tier also routes the model's attention through codeckv.attention (which
+    leaves every other cache on plain SDPA).
+    """
     config = loaded.model.config
+    if tier.materialization_free:
+        use_codec_attention(loaded.model)
     return DynamicCache(config=config) if tier.key is None else CodecCache.from_config(config, tier)
 
 

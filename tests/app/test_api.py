@@ -20,7 +20,7 @@ def _text(message) -> str:
 
 
 def _chat(client, message, tokens=8, tier="png"):
-    return client.predict(message, [], [], "smollm2-135m", tier, *PLAIN, tokens, api_name="/chat")
+    return client.predict(message, [], [], "smollm2-135m", tier, tokens, False, *PLAIN, api_name="/chat")
 
 
 def test_chat_turn_over_the_api(client):

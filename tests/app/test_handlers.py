@@ -11,8 +11,9 @@ from codeckv.cache import CodecCache
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0]  # Advanced accordion untouched: use the preset
 
 
-def _turn(message, tier="png", tokens=12, advanced=PLAIN, native=None, codec=None):
-    return list(app.chat_turn(message, native or [], codec or [], "smollm2-135m", tier, *advanced, tokens))
+def _turn(message, tier="png", tokens=12, advanced=PLAIN, native=None, codec=None, materialization_free=False):
+    model = "smollm2-135m"
+    return list(app.chat_turn(message, native or [], codec or [], model, tier, tokens, materialization_free, *advanced))
 
 
 def test_chat_streams_both_panels_and_reports_stats():
@@ -51,6 +52,12 @@ def test_bad_input_gives_a_clear_error(message, advanced, expected):
 def test_custom_tier_from_advanced_settings_runs():
     native, codec, _, codec_stats, _ = _turn("Name a colour.", advanced=[True, 8, 4, "8", "same", 64, False, 4, 16])[-1]
     assert codec[-1]["content"] and "**custom**" in codec_stats
+
+
+def test_materialization_free_turn_matches_native():
+    question = "What is the capital of France?"
+    native, codec, _, codec_stats, _ = _turn(question, tier="png", materialization_free=True)[-1]
+    assert codec[-1]["content"] == native[-1]["content"] and "token match **100%**" in codec_stats
 
 
 def test_unknown_model_is_a_clear_error():
