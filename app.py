@@ -18,6 +18,7 @@ import gradio as gr
 
 from codeckv import plots
 from codeckv.formatting import codec_stats_markdown, model_markdown, native_stats_markdown
+from codeckv.measure.corpus import corpus_text
 from codeckv.measure.inspect import inspect_tier
 from codeckv.measure.side_by_side import prompt_ids, stream_side_by_side
 from codeckv.measure.sweep import as_dicts, sweep
@@ -28,6 +29,7 @@ from kernels import backend_name
 
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
 EXAMPLES = [line for line in (Path(__file__).parent / "assets" / "examples.txt").read_text().splitlines() if line]
+INSPECT_TEXT = corpus_text()[:1500]  # ~370 tokens of the Python reference: enough blocks to see spectra
 MAX_NEW_TOKENS = 256
 SWEEP_COLUMNS = ["tier", "ratio_vs_bf16", "delta_nll_pct", "decode_ms", "latency_ratio", "token_match", "psnr_db"]
 BITS_CHOICES = ["none", "2", "3", "4", "8"]
@@ -249,7 +251,9 @@ with gr.Blocks(title="KV Codec Studio") as demo:
 
     with gr.Tab("Inspect"):
         with gr.Row():
-            inspect_prompt = gr.Textbox(value=EXAMPLES[0], label="prompt (prefilled, then captured)", scale=3)
+            inspect_prompt = gr.Textbox(
+                value=INSPECT_TEXT, label="text (prefilled, then captured)", lines=3, max_lines=6, scale=3
+            )
             inspect_tier_name = gr.Dropdown(CODEC_TIERS, value="jpeg-k2", label="codec tier", scale=1)
         inspect_advanced = advanced_settings()
         with gr.Row():

@@ -88,7 +88,7 @@ def _sweep(args: argparse.Namespace) -> None:
     print(format_table(rows, columns))
     print(f"native: {len(result.native.token_ids)} new tokens after a {result.prompt_tokens}-token prompt, "
           f"{result.native.decode_ms:.1f} ms/token; sweep took {seconds:.1f} s")
-    out = Path(args.out or f"assets/sweep-{loaded.info.name.replace('/', '_')}")
+    out = Path(args.out or f"out/sweep-{loaded.info.name.replace('/', '_')}")
     write_csv(rows, out / "sweep.csv")
     write_json({
         "model": loaded.info.name, "device": loaded.info.device, "dtype": loaded.info.dtype,
@@ -134,7 +134,7 @@ def _inspect(args: argparse.Namespace) -> None:
     print(f"{view.tier}: {len(view.tokens)} tokens, archived {view.head.archived[0]}..{view.head.archived[1] - 1}; "
           f"DCT r={view.spectrum.block_size}, energy kept at k={view.spectrum.k}: "
           f"K {float(view.spectrum.key_kept.mean()):.1%}, V {float(view.spectrum.value_kept.mean()):.1%}")
-    out = Path(args.out or f"assets/inspect-{loaded.info.name.replace('/', '_')}-{view.tier}")
+    out = Path(args.out or f"out/inspect-{loaded.info.name.replace('/', '_')}-{view.tier}")
     write_csv(rows, out / "layers.csv")
     write_json({"model": loaded.info.name, **view.summary()}, out / "inspect.json")
     paths = _write_figures(figures, out)
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
     sweep.add_argument("--tiers", nargs="*", help="tier names (default: all)")
     sweep.add_argument("--no-stop", action="store_true", help="ignore EOS: always generate --tokens tokens")
-    sweep.add_argument("--out", help="output folder (default assets/sweep-<model>)")
+    sweep.add_argument("--out", help="output folder (default out/sweep-<model>; HTML charts embed plotly.js, ~5 MB each)")
     sweep.set_defaults(run=_sweep)
 
     inspect = sub.add_parser("inspect", help="one tier's K/V heatmaps, DCT spectra and per-layer errors")
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--tier", default="jpeg-k2", help="tier name (default jpeg-k2)")
     inspect.add_argument("--layer", type=int, default=0, help="layer of the heatmaps (default 0)")
     inspect.add_argument("--head", type=int, default=0, help="KV head of the heatmaps (default 0)")
-    inspect.add_argument("--out", help="output folder (default assets/inspect-<model>-<tier>)")
+    inspect.add_argument("--out", help="output folder (default out/inspect-<model>-<tier>)")
     inspect.set_defaults(run=_inspect)
 
     args = parser.parse_args(argv)
