@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
     sweep.add_argument("--tiers", nargs="*", help="tier names (default: all)")
     sweep.add_argument("--no-stop", action="store_true", help="ignore EOS: always generate --tokens tokens")
-    sweep.add_argument("--out", help="output folder (default out/sweep-<model>; HTML charts embed plotly.js, ~5 MB each)")
+    sweep.add_argument("--out", help="output folder (default out/sweep-<model>; charts embed plotly.js)")
     sweep.set_defaults(run=_sweep)
 
     inspect = sub.add_parser("inspect", help="one tier's K/V heatmaps, DCT spectra and per-layer errors")
