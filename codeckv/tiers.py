@@ -137,6 +137,13 @@ TIERS: dict[str, Tier] = _tiers(
         max_rel_error=0.01,
     ),
     Tier(
+        "rotated-4",
+        "Baseline: K and V rotated, 4-bit min/max (group 32), no Lloyd-Max, no per-channel keys",
+        key=Rotation(inner=GroupQuant(bits=4, group=32)),
+        value=Rotation(inner=GroupQuant(bits=4, group=32)),
+        max_rel_error=0.12,
+    ),
+    Tier(
         "turbo-4",
         "K 4-bit per channel (32 tokens), V rotated 4-bit Lloyd-Max (group 32)",
         key=GroupQuant(bits=4, group=32, per_channel=True),

@@ -17,3 +17,17 @@ def loaded():
     from codeckv.models import load_model
 
     return load_model()
+
+
+@pytest.fixture
+def tiny_gemma3():
+    """A random-weight 6-layer Gemma 3 (full attention on layers 2 and 5, sliding window elsewhere): the hybrid case."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, sliding_window=16, max_position_embeddings=256,
+        layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"],
+    )
+    torch.manual_seed(0)
+    return Gemma3ForCausalLM(config).eval()

@@ -90,16 +90,8 @@ def test_resident_bytes_stay_within_five_percent_of_the_archive_at_4k(tier):
     )
 
 
-def test_hybrid_gemma3_sliding_layers_stay_native_under_codec_attention():
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    config = Gemma3TextConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64, sliding_window=16, max_position_embeddings=256,
-        layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"],
-    )
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(config).eval()
+def test_hybrid_gemma3_sliding_layers_stay_native_under_codec_attention(tiny_gemma3):
+    model, config = tiny_gemma3, tiny_gemma3.config
     ids = torch.randint(0, 128, (1, 40))
     materialized = _greedy(model, ids, CodecCache.from_config(config, "jpeg-k8-int8"), 24)
     use_codec_attention(model)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import DynamicCache
 
 from codeckv.cache import CodecCache, CodecLayer, footprint
 from codeckv.tiers import TIERS
@@ -111,14 +111,8 @@ def test_lossy_tier_footprint_ratio(loaded):
     assert fp.ratio <= 0.32, f"turbo-4 archive is {fp.ratio:.3f} of bf16"
 
 
-def test_hybrid_gemma3_gets_codec_layers_only_on_full_attention():
-    config = Gemma3TextConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64, sliding_window=16, max_position_embeddings=256,
-        layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"],
-    )
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(config).eval()
+def test_hybrid_gemma3_gets_codec_layers_only_on_full_attention(tiny_gemma3):
+    model, config = tiny_gemma3, tiny_gemma3.config
     cache = CodecCache.from_config(config, "png")
     codec_layers = [i for i, layer in enumerate(cache.layers) if isinstance(layer, CodecLayer)]
     assert codec_layers == [i for i, t in enumerate(config.layer_types) if t == "full_attention"] == [2, 5]

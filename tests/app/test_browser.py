@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from codeckv.tiers import TIERS
+
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parents[2] / "assets" / "screenshots"
@@ -63,8 +65,9 @@ def test_inspect_tab(page):
 
 def test_two_tier_sweep(page):
     page.get_by_role("tab", name="Tier sweep").click()
-    for name in ["jpeg-k8-int8", "jpeg-k4", "jpeg-k2", "jpeg-k2-int8", "int8", "turbo-3", "turbo-k4v2"]:
-        page.get_by_label(name, exact=True).uncheck()
+    for name in TIERS:
+        if name not in ("png", "turbo-4"):
+            page.get_by_label(name, exact=True).uncheck()
     page.get_by_role("button", name="Run sweep").click()
     tables = ""
     deadline = time.time() + 300
