@@ -54,11 +54,23 @@ def greedy_stream(
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> frozenset[int]:
-    """Token ids that end a reply: the tokenizer's EOS and the generation config's."""
+    """Token ids that end a reply: EOS, the generation config's EOS, and the chat template's end-of-turn token."""
     ids = {tokenizer.eos_token_id}
     configured = model.generation_config.eos_token_id
     ids.update(configured if isinstance(configured, list) else [configured])
+    ids.add(_end_of_turn_id(tokenizer))
     return frozenset(i for i in ids if i is not None)
+
+
+def _end_of_turn_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """The special token the chat template writes right after an assistant reply (<|im_end|>, <end_of_turn>)."""
+    if not tokenizer.chat_template:
+        return None
+    marker = "codeckv-end-of-reply-marker"
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}]
+    after = tokenizer.apply_chat_template(turn, tokenize=False).split(marker)[-1]
+    ids = tokenizer(after, add_special_tokens=False).input_ids
+    return ids[0] if ids and ids[0] in tokenizer.all_special_ids else None
 
 
 def chat_input_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict], device: torch.device) -> torch.Tensor:

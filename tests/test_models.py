@@ -47,3 +47,22 @@ def test_hub_id_offline_says_it_is_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelUnavailableError, match="offline.*embedded model"):
         load_model("nobody-here/no-such-model-codeckv")
+
+
+def test_optional_gemma_without_its_package_says_how_to_install(monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        return None if name.startswith("gemma3_270m") else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setenv("CODECKV_CACHE", "/nonexistent-codeckv-cache")
+    with pytest.raises(ModelUnavailableError, match="gemma3-270m.*scripts/setup.sh --gemma"):
+        load_model("gemma3-270m")
+
+
+def test_stop_ids_include_the_chat_templates_end_of_turn(loaded):
+    end_of_turn = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end_of_turn in stop_token_ids(loaded.tokenizer, loaded.model)
