@@ -31,3 +31,7 @@ def test_readme_front_matter_is_a_gradio_space():
     for key in ["title:", "emoji:", "colorFrom:", "colorTo:", "sdk: gradio", "app_file: app.py", "license:"]:
         assert key in front, key
     assert readme.index("make run") < readme.index("make test") < readme.index("## ")
+
+
+def test_docker_context_leaves_the_local_venv_out():
+    assert ".venv/" in (ROOT / ".dockerignore").read_text().split()
