@@ -1,4 +1,4 @@
-"""Command line: python -m codeckv quality|sweep|inspect ... (tables on stdout, CSV/JSON/HTML files)."""
+"""Command line: python -m codeckv quality|sweep|inspect|memory ... (tables on stdout, CSV/JSON/HTML files)."""
 
 from __future__ import annotations
 
@@ -148,6 +148,20 @@ def _prompt_arguments(parser: argparse.ArgumentParser, without_prompt: str) -> N
     parser.add_argument("--context", type=int, default=0, help="use the first N corpus tokens as a raw prompt")
 
 
+def _memory(args: argparse.Namespace) -> None:
+    from dataclasses import asdict
+
+    from codeckv.measure.memory import memory_table
+    from codeckv.measure.table import format_table, write_csv
+    from codeckv.models import load_model
+
+    loaded = load_model(args.model)
+    rows = [asdict(r) for r in memory_table(loaded, args.tiers, args.context, args.decode)]
+    print(format_table(rows))
+    out = args.out or f"assets/memory-{loaded.info.name.replace('/', '_')}-{args.context}.csv"
+    print(f"wrote {write_csv(rows, out)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m codeckv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -175,6 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--head", type=int, default=0, help="KV head of the heatmaps (default 0)")
     inspect.add_argument("--out", help="output folder (default out/inspect-<model>-<tier>)")
     inspect.set_defaults(run=_inspect)
+
+    memory = sub.add_parser("memory", help="archive vs resident bytes at a long context, with and without a view")
+    memory.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
+    memory.add_argument("--context", type=int, default=4096, help="prefilled corpus tokens (default 4096)")
+    memory.add_argument("--decode", type=int, default=16, help="decode steps after the prefill (default 16)")
+    memory.add_argument("--tiers", nargs="+", default=["jpeg-k8-int8", "turbo-4"], help="tier names")
+    memory.add_argument("--out", help="CSV path (default assets/memory-<model>-<context>.csv)")
+    memory.set_defaults(run=_memory)
 
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

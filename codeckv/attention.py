@@ -50,6 +50,7 @@ class CodedLayer(CodecLayer):
         self._sinks: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, H, <= keep_first, D) raw
         self._tail: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [archived_upto, length) raw
 
+    @torch.inference_mode()
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Archive what became archivable, keep the new (B, H, T, D) states raw, return tagged meta tensors."""
         if not self.is_initialized:
@@ -75,6 +76,7 @@ class CodedLayer(CodecLayer):
         values = torch.empty((b, h, self.length, value_states.shape[3]), dtype=value_states.dtype, device="meta")
         return keys, values
 
+    @torch.inference_mode()
     def flush(self) -> None:
         """Encode every complete block of the tail that left the recent window; keep the rest raw."""
         end = self.length - self.tier.keep_recent
@@ -120,6 +122,7 @@ class CodedLayer(CodecLayer):
             return pairs[0]
         return torch.cat([p[0] for p in pairs], dim=2), torch.cat([p[1] for p in pairs], dim=2)
 
+    @torch.inference_mode()
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last -tokens_to_remove tokens; a partly cropped block goes back to the raw tail, decoded."""
         if tokens_to_remove > 0:
@@ -146,6 +149,7 @@ class CodedLayer(CodecLayer):
             held = max(self.length - self.archived_upto, 0)
             self._tail = tuple(torch.cat([p[i] for p in tail], dim=2)[:, :, :held].clone() for i in (0, 1))
 
+    @torch.inference_mode()
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         for name in ("_sinks", "_tail"):
             pair = getattr(self, name)
@@ -154,6 +158,7 @@ class CodedLayer(CodecLayer):
         self.archive_k.select_batch(indices)
         self.archive_v.select_batch(indices)
 
+    @torch.inference_mode()
     def batch_repeat_interleave(self, repeats: int) -> None:
         for name in ("_sinks", "_tail"):
             pair = getattr(self, name)

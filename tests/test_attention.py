@@ -98,3 +98,12 @@ def test_hybrid_gemma3_sliding_layers_stay_native_under_codec_attention(tiny_gem
     cache = materialization_free_cache(config, "jpeg-k8-int8")
     assert torch.equal(_greedy(model, ids, cache, 24), materialized)
     assert [i for i, layer in enumerate(cache.layers) if isinstance(layer, CodedLayer)] == [2, 5]
+
+
+def test_footprint_after_an_inference_mode_forward():
+    """A forward under inference_mode, then footprint() outside it: the flush must not fail."""
+    layer = CodedLayer(TIERS["jpeg-k8-int8"])
+    with torch.inference_mode():
+        layer.update(torch.randn(1, 3, 20, 64), torch.randn(1, 3, 20, 64))
+    fp = layer.footprint(0)
+    assert layer.archive_k.tokens == 16 and fp.archive_bytes > 0

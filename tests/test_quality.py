@@ -38,3 +38,13 @@ def test_quality_cli_writes_csv(tmp_path, capsys):
 def test_quality_cli_rejects_unknown_tier(capsys):
     assert main(["quality", "--windows", "1", "--length", "48", "--tiers", "nope"]) == 2
     assert "unknown tier 'nope'" in capsys.readouterr().err
+
+
+def test_memory_cli_compares_the_view_with_materialization_free(tmp_path, capsys):
+    out = tmp_path / "m.csv"
+    assert main(["memory", "--context", "96", "--decode", "2", "--tiers", "jpeg-k8-int8", "--out", str(out)]) == 0
+    rows = {r["mode"]: r for r in csv.DictReader(out.open())}
+    assert rows["materialized"]["archive_bytes"] == rows["materialization-free"]["archive_bytes"]
+    assert float(rows["materialization-free"]["resident_over_archive"]) < float(
+        rows["materialized"]["resident_over_archive"]
+    ), "without a decoded view, resident bytes must shrink"
