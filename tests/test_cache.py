@@ -126,3 +126,11 @@ def test_hybrid_gemma3_gets_codec_layers_only_on_full_attention(tiny_gemma3):
 def test_native_tier_builds_plain_dynamic_layers(loaded):
     cache = CodecCache.from_config(loaded.model.config, "native")
     assert not any(isinstance(layer, CodecLayer) for layer in cache.layers)
+
+
+def test_reset_empties_the_cache_for_reuse(loaded, prompt_ids):
+    cache = CodecCache.from_config(loaded.model.config, "png")
+    first = _greedy(loaded.model, prompt_ids, cache, 12)
+    cache.reset()
+    assert cache.get_seq_length() == 0 and cache.footprint().archive_bytes == 0
+    assert torch.equal(_greedy(loaded.model, prompt_ids, cache, 12), first), "a reset cache behaves like a new one"
