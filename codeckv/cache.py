@@ -258,6 +258,12 @@ class CodecCache(Cache):
         ]
         return cls(layers, tier)
 
+    def flush(self) -> None:
+        """Archive now what the next update would archive (e.g. a prompt right after its prefill, to time it)."""
+        for layer in self.layers:
+            if isinstance(layer, CodecLayer):
+                layer.flush()
+
     def footprint(self) -> Footprint:
         """Archive, resident and bf16-reference bytes, per layer and in total."""
         return footprint(self)

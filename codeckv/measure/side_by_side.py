@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ class RunStats:
     label: str
     token_ids: list[int]
     text: str
-    prefill_s: float
+    prefill_s: float  # the prompt's forward plus archiving it (a codec cache encodes the prompt right after)
     decode_ms: float  # median ms per decode step after one warm-up step (nan with fewer than 2 decode steps)
     decode_ms_mean: float  # mean of the same steps: includes the periodic block-archiving steps the median hides
     tokens_per_s: float  # generated tokens / wall seconds of all its forwards, prefill included
@@ -200,10 +201,17 @@ class _Run:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         step = next(self.stream)
+        seconds = step.seconds
+        if step.index == 0 and isinstance(self.cache, CodecCache):  # archiving the prompt is part of the prefill
+            start = time.perf_counter()
+            self.cache.flush()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds += time.perf_counter() - start
         if device.type == "cuda":
             self.peak = max(self.peak, torch.cuda.max_memory_allocated(device))
         self.token_ids.append(step.token_id)
-        self.seconds.append(step.seconds)
+        self.seconds.append(seconds)
         if step.token_id in self.stop_ids or len(self.token_ids) == self.max_new:
             self.done = True
             self.stream.close()
