@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from codeckv.measure.side_by_side import stream_side_by_side
+from codeckv.measure.side_by_side import run_side_by_side, stream_side_by_side
 
 
 def test_streaming_yields_progressively_longer_texts_on_both_sides(loaded, chat):
@@ -32,3 +32,8 @@ def test_streaming_yields_progressively_longer_texts_on_both_sides(loaded, chat)
     torch.testing.assert_close(
         torch.tensor(result.nll_native), torch.tensor(result.token_nll_native).mean(), msg="mean of per-token NLL"
     )
+
+
+def test_run_side_by_side_returns_the_comparison(loaded):
+    cmp = run_side_by_side(loaded, "The three primary colours are", "png", max_new_tokens=6, stop_at_eos=False)
+    assert cmp.tier == "png" and cmp.token_match == 1.0 and len(cmp.codec.token_ids) == 6
