@@ -79,8 +79,7 @@ class CodedLayer(CodecLayer):
     @torch.inference_mode()
     def flush(self) -> None:
         """Encode every complete block of the tail that left the recent window; keep the rest raw."""
-        end = self.length - self.tier.keep_recent
-        count = (end - self.archived_upto) // self.unit * self.unit
+        count = self._archivable()
         if count <= 0:
             return
         k, v = self._tail
@@ -125,15 +124,12 @@ class CodedLayer(CodecLayer):
     @torch.inference_mode()
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last -tokens_to_remove tokens; a partly cropped block goes back to the raw tail, decoded."""
-        if tokens_to_remove > 0:
-            raise ValueError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove")
-        if tokens_to_remove == 0 or not self.is_initialized:
+        if not self._shorten(tokens_to_remove):
             return
-        self.length = max(self.length + tokens_to_remove, 0)
         keep_first = self.tier.keep_first
         if self._sinks is not None:
             self._sinks = tuple(t[:, :, : min(self.length, keep_first)] for t in self._sinks)
-        kept = max(self.length - keep_first, 0) // self.unit * self.unit  # archived tokens that stay
+        kept = self._archived_after_crop()
         tail = [] if self._tail is None else [self._tail]
         if keep_first + kept < self.archived_upto:
             archived = self.archived_upto - keep_first

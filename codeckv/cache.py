@@ -126,8 +126,7 @@ class CodecLayer(DynamicLayer):
     @torch.inference_mode()
     def flush(self) -> None:
         """Encode every complete block that is neither a sink nor in the recent window, then decode it into the view."""
-        end = self.length - self.tier.keep_recent
-        count = (end - self.archived_upto) // self.unit * self.unit
+        count = self._archivable()
         if count <= 0:
             return
         span = slice(self.archived_upto, self.archived_upto + count)
@@ -139,6 +138,24 @@ class CodecLayer(DynamicLayer):
             archive.append(encoded)
             view[:, :, span] = codec.decode(encoded)
         self.archived_upto += count
+
+    def _archivable(self) -> int:
+        """Tokens to archive now: whole units after the archive that are neither sinks nor in the recent window."""
+        end = self.length - self.tier.keep_recent
+        return max((end - self.archived_upto) // self.unit * self.unit, 0)
+
+    def _shorten(self, tokens_to_remove: int) -> bool:
+        """Validate a crop (5.24: a negative count) and shorten `length`; False when there is nothing to do."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove")
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return False
+        self.length = max(self.length + tokens_to_remove, 0)
+        return True
+
+    def _archived_after_crop(self) -> int:
+        """Archived tokens that stay after a crop: the whole units before the new end."""
+        return max(self.length - self.tier.keep_first, 0) // self.unit * self.unit
 
     def _ensure_capacity(self, like: torch.Tensor, needed: int) -> None:
         capacity = 0 if self._view_k is None else self._view_k.shape[2]
@@ -177,17 +194,13 @@ class CodecLayer(DynamicLayer):
         Archived blocks past the new end are dropped; tokens of a partly cropped block return to the raw
         tail with their decoded values (exact for lossless tiers) and are archived again once complete.
         """
-        if tokens_to_remove > 0:
-            raise ValueError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove")
-        if tokens_to_remove == 0 or not self.is_initialized:
+        if not self._shorten(tokens_to_remove):
             return
-        self.length = max(self.length + tokens_to_remove, 0)
-        keep_first = self.tier.keep_first
-        kept_blocks = max(self.length - keep_first, 0) // self.unit * self.unit
-        if keep_first + kept_blocks < self.archived_upto:
-            self.archived_upto = keep_first + kept_blocks
-            self.archive_k.truncate(kept_blocks)
-            self.archive_v.truncate(kept_blocks)
+        kept = self._archived_after_crop()
+        if self.tier.keep_first + kept < self.archived_upto:
+            self.archived_upto = self.tier.keep_first + kept
+            self.archive_k.truncate(kept)
+            self.archive_v.truncate(kept)
         self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
