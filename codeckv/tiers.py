@@ -92,6 +92,17 @@ def _tiers(*tiers: Tier) -> dict[str, Tier]:
     return {t.name: t for t in tiers}
 
 
+def _turbo(name: str, key_bits: int, value_bits: int, max_rel_error: float) -> Tier:
+    """Keys per channel in groups of 32 tokens (KIVI), values rotated with Lloyd-Max levels (module docstring)."""
+    return Tier(
+        name,
+        f"K {key_bits}-bit per channel (32 tokens), V rotated {value_bits}-bit Lloyd-Max (group 32)",
+        key=GroupQuant(bits=key_bits, group=32, per_channel=True),
+        value=Rotation(inner=LloydMaxQuant(bits=value_bits, group=32)),
+        max_rel_error=max_rel_error,
+    )
+
+
 TIERS: dict[str, Tier] = _tiers(
     Tier("native", "Native cache, no compression", max_rel_error=0.0),
     Tier(
@@ -143,27 +154,9 @@ TIERS: dict[str, Tier] = _tiers(
         value=Rotation(inner=GroupQuant(bits=4, group=32)),
         max_rel_error=0.12,
     ),
-    Tier(
-        "turbo-4",
-        "K 4-bit per channel (32 tokens), V rotated 4-bit Lloyd-Max (group 32)",
-        key=GroupQuant(bits=4, group=32, per_channel=True),
-        value=Rotation(inner=LloydMaxQuant(bits=4, group=32)),
-        max_rel_error=0.09,
-    ),
-    Tier(
-        "turbo-3",
-        "K 3-bit per channel (32 tokens), V rotated 3-bit Lloyd-Max (group 32)",
-        key=GroupQuant(bits=3, group=32, per_channel=True),
-        value=Rotation(inner=LloydMaxQuant(bits=3, group=32)),
-        max_rel_error=0.18,
-    ),
-    Tier(
-        "turbo-k4v2",
-        "K 4-bit per channel (32 tokens), V rotated 2-bit Lloyd-Max (group 32)",
-        key=GroupQuant(bits=4, group=32, per_channel=True),
-        value=Rotation(inner=LloydMaxQuant(bits=2, group=32)),
-        max_rel_error=0.35,
-    ),
+    _turbo("turbo-4", key_bits=4, value_bits=4, max_rel_error=0.09),
+    _turbo("turbo-3", key_bits=3, value_bits=3, max_rel_error=0.18),
+    _turbo("turbo-k4v2", key_bits=4, value_bits=2, max_rel_error=0.35),
 )
 
 
