@@ -20,7 +20,7 @@ from codeckv import plots
 from codeckv.formatting import codec_stats_markdown, model_markdown, native_stats_markdown
 from codeckv.measure.corpus import corpus_text
 from codeckv.measure.inspect import inspect_tier
-from codeckv.measure.side_by_side import prompt_ids, stream_side_by_side
+from codeckv.measure.side_by_side import stream_side_by_side
 from codeckv.measure.sweep import as_dicts, sweep
 from codeckv.measure.table import write_csv, write_json
 from codeckv.models import DEFAULT_MODEL, ModelUnavailableError, available_models, shared_model
@@ -83,18 +83,11 @@ def resolve_tier(name, custom, block_size, k, bits, value_bits, group, rotation,
     )
 
 
-def checked_prompt(loaded, prompt, max_new_tokens: int):
-    """(1, T) ids of a non-empty prompt that fits the model's context with the new tokens."""
+def require_text(prompt) -> None:
+    """A clear error for an empty prompt (its length is checked where it is tokenized, in codeckv)."""
     text = prompt if isinstance(prompt, str) else (prompt[-1]["content"] if prompt else "")
     if not text.strip():
         raise gr.Error("The prompt is empty: type something first.")
-    ids = prompt_ids(loaded, prompt)
-    if ids.shape[1] + max_new_tokens > loaded.info.max_context:
-        raise gr.Error(
-            f"The prompt is {ids.shape[1]} tokens; with {max_new_tokens} new tokens it exceeds "
-            f"{loaded.info.name}'s context of {loaded.info.max_context} tokens. Shorten it."
-        )
-    return ids
 
 
 def _text(content) -> str:
@@ -112,7 +105,7 @@ def chat_turn(message, native_chat, codec_chat, model_name, tier_name, max_new_t
     tier = dataclasses.replace(resolve_tier(tier_name, *advanced), materialization_free=bool(materialization_free))
     conversation = [{"role": m["role"], "content": _text(m["content"])} for m in native_chat or []]
     conversation.append({"role": "user", "content": message or ""})
-    checked_prompt(loaded, conversation, int(max_new_tokens))
+    require_text(conversation)
     native_chat = [*conversation, {"role": "assistant", "content": ""}]
     codec_chat = [*(codec_chat or []), {"role": "user", "content": message}, {"role": "assistant", "content": ""}]
     waiting = "generating…"
@@ -132,7 +125,7 @@ def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
     *advanced, layer, head, which = advanced_and_view
     loaded = shared_model(model_name)
     tier = resolve_tier(tier_name, *advanced)
-    checked_prompt(loaded, prompt, 0)
+    require_text(prompt)
     layer, head = min(int(layer), len(loaded.info.layer_types) - 1), min(int(head), loaded.info.num_kv_heads - 1)
     view = inspect_tier(loaded, prompt, tier, layer=layer, head=head)
     start, end = view.head.archived
@@ -158,7 +151,7 @@ def run_sweep(prompt, model_name, tier_names, max_new_tokens, progress=gr.Progre
         raise gr.Error("Choose at least one tier to sweep.")
     loaded = shared_model(model_name)
     conversation = [{"role": "user", "content": prompt or ""}]
-    checked_prompt(loaded, conversation, int(max_new_tokens))
+    require_text(conversation)
     result = sweep(
         loaded, conversation, list(tier_names), int(max_new_tokens),
         progress=lambda done, total, message: progress((done, total), desc=message),

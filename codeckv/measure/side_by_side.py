@@ -146,14 +146,24 @@ _PEAK_SOURCE = {
 }
 
 
-def prompt_ids(loaded: LoadedModel, prompt: Prompt) -> torch.Tensor:
-    """(1, T) ids: chat messages through the chat template, raw text as is, ids unchanged."""
+def prompt_ids(loaded: LoadedModel, prompt: Prompt, max_new_tokens: int = 0) -> torch.Tensor:
+    """(1, T) ids: chat messages through the chat template, raw text as is, ids unchanged.
+
+    Raises ValueError when T + max_new_tokens exceeds the model's context.
+    """
     device = loaded.model.device
     if isinstance(prompt, torch.Tensor):
-        return prompt.reshape(1, -1).to(device)
-    if isinstance(prompt, str):
-        return loaded.tokenizer(prompt, return_tensors="pt").input_ids.to(device)
-    return chat_input_ids(loaded.tokenizer, prompt, device)
+        ids = prompt.reshape(1, -1).to(device)
+    elif isinstance(prompt, str):
+        ids = loaded.tokenizer(prompt, return_tensors="pt").input_ids.to(device)
+    else:
+        ids = chat_input_ids(loaded.tokenizer, prompt, device)
+    if ids.shape[1] + max_new_tokens > loaded.info.max_context:
+        raise ValueError(
+            f"the prompt is {ids.shape[1]} tokens; with {max_new_tokens} new tokens it exceeds "
+            f"{loaded.info.name}'s context of {loaded.info.max_context} tokens: shorten it"
+        )
+    return ids
 
 
 def make_cache(loaded: LoadedModel, tier: Tier) -> Cache:
@@ -253,12 +263,7 @@ def stream_runs(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
     tiers = [get_tier(t) if isinstance(t, str) else t for t in tiers]
-    ids = prompt_ids(loaded, prompt)  # (1, T)
-    if ids.shape[1] + max_new_tokens > loaded.info.max_context:
-        raise ValueError(
-            f"the prompt is {ids.shape[1]} tokens; with {max_new_tokens} new tokens it exceeds the model's "
-            f"context of {loaded.info.max_context}"
-        )
+    ids = prompt_ids(loaded, prompt, max_new_tokens)  # (1, T)
     stop_ids = stop_token_ids(loaded.tokenizer, loaded.model) if stop_at_eos else frozenset()
     device = loaded.model.device
     labels = _labels(tiers)
