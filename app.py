@@ -7,7 +7,6 @@ per-layer errors), Tier sweep (every tier on one prompt: table, charts, CSV/JSON
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect as pyinspect
 import os
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from codeckv import plots
+from codeckv.figures import inspect_figures, sweep_figures, token_nll_figure, worst_tier
 from codeckv.formatting import codec_stats_markdown, model_markdown, native_stats_markdown
 from codeckv.measure.corpus import corpus_text
 from codeckv.measure.inspect import inspect_tier
@@ -102,14 +101,15 @@ def _text(content) -> str:
 def chat_turn(message, native_chat, codec_chat, model_name, tier_name, max_new_tokens, materialization_free, *advanced):
     """Stream one turn in both panels; both runs see the same conversation (the native replies)."""
     loaded = shared_model(model_name)
-    tier = dataclasses.replace(resolve_tier(tier_name, *advanced), materialization_free=bool(materialization_free))
+    tier = resolve_tier(tier_name, *advanced)
     conversation = [{"role": m["role"], "content": _text(m["content"])} for m in native_chat or []]
     conversation.append({"role": "user", "content": message or ""})
     require_text(conversation)
     native_chat = [*conversation, {"role": "assistant", "content": ""}]
     codec_chat = [*(codec_chat or []), {"role": "user", "content": message}, {"role": "assistant", "content": ""}]
     waiting = "generating…"
-    for update in stream_side_by_side(loaded, conversation, tier, int(max_new_tokens)):
+    for update in stream_side_by_side(loaded, conversation, tier, int(max_new_tokens),
+                                      materialization_free=bool(materialization_free)):
         native_chat[-1]["content"], codec_chat[-1]["content"] = update.native.text, update.codec.text
         if update.phase == "scoring":
             waiting = "scoring the turn's NLL…"
@@ -135,13 +135,9 @@ def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
         f"the codec (the rest stays raw). Layer {layer}: K PSNR {errors.key_psnr_db:.1f} dB, "
         f"V PSNR {errors.value_psnr_db:.1f} dB, attention-output error {errors.attention_rel_error:.2%}."
     )
-    return (
-        plots.kv_heatmap_figure(view.head, "key" if which == "K" else "value", view.tokens),
-        plots.spectrum_figure(view.spectrum),
-        plots.layer_error_figure(view.layers),
-        plots.var_ratio_figure(view.layers),
-        summary,
-    )
+    figures = inspect_figures(view)
+    heatmap = figures["heatmap_key" if which == "K" else "heatmap_value"]
+    return heatmap, figures["spectrum"], figures["layer_errors"], figures["var_ratio"], summary
 
 
 @guarded
@@ -161,16 +157,16 @@ def run_sweep(prompt, model_name, tier_names, max_new_tokens, progress=gr.Progre
     csv_path = write_csv(rows, out / "sweep.csv")
     json_path = write_json({"model": loaded.info.name, "prompt": prompt, "rows": rows}, out / "sweep.json")
     table = [[round(v, 4) if isinstance(v, float) else v for v in (row[c] for c in SWEEP_COLUMNS)] for row in rows]
-    worst = max(result.comparisons, key=lambda label: result.comparisons[label].delta_nll_pct)
+    figures = sweep_figures(result)
     return (
         table,
-        plots.pareto_figure(result.rows),
-        plots.latency_figure(result.rows),
-        plots.token_match_figure(result.rows),
-        nll_figure(result, worst),
+        figures["pareto"],
+        figures["latency"],
+        figures["token_match"],
+        figures["token_nll"],
         [str(csv_path), str(json_path)],
         result,
-        gr.update(choices=list(result.comparisons), value=worst),
+        gr.update(choices=list(result.comparisons), value=worst_tier(result)),
     )
 
 
@@ -178,8 +174,7 @@ def nll_figure(result, label):
     """Per-token NLL difference of one swept tier (empty until a sweep ran)."""
     if result is None or label not in result.comparisons:
         return None
-    cmp = result.comparisons[label]
-    return plots.token_nll_figure(cmp.token_nll_native, cmp.token_nll_codec, cmp.scored_tokens, label)
+    return token_nll_figure(result, label)
 
 
 @guarded
@@ -210,14 +205,25 @@ def advanced_settings():
     return [custom, block, k, bits, value_bits, group, rotation, keep_first, keep_recent]
 
 
+def model_shape(name: str) -> tuple[int, int]:
+    """(layers, KV heads) of a model, for the Inspect sliders at build time; (1, 1) if it cannot load here."""
+    try:
+        info = shared_model(name).info
+    except (ModelUnavailableError, ValueError, OSError):
+        return 1, 1  # the model panel shows why when the page loads
+    return len(info.layer_types), info.num_kv_heads
+
+
+MODELS = available_models() or [DEFAULT_MODEL]
+LAYERS, KV_HEADS = model_shape(MODELS[0])
+
 with gr.Blocks(title="KV Codec Studio") as demo:
     gr.Markdown(
         "# KV Codec Studio\nThe same model, twice: its native KV cache against a compressed codec cache. "
         "Every number below is measured when you press the button."
     )
     with gr.Accordion("Model and backend", open=False):
-        models = available_models() or [DEFAULT_MODEL]
-        model_name = gr.Dropdown(models, value=models[0], label="model", allow_custom_value=True)
+        model_name = gr.Dropdown(MODELS, value=MODELS[0], label="model", allow_custom_value=True)
         model_info = gr.Markdown()
 
     with gr.Tab("Chat"):
@@ -250,8 +256,8 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             inspect_tier_name = gr.Dropdown(CODEC_TIERS, value="jpeg-k2", label="codec tier", scale=1)
         inspect_advanced = advanced_settings()
         with gr.Row():
-            layer = gr.Slider(0, 29, value=0, step=1, label="layer")
-            head = gr.Slider(0, 2, value=0, step=1, label="KV head")
+            layer = gr.Slider(0, LAYERS - 1, value=0, step=1, label="layer")
+            head = gr.Slider(0, KV_HEADS - 1, value=0, step=1, label="KV head")
             which = gr.Radio(["K", "V"], value="K", label="tensor")
             inspect_button = gr.Button("Inspect", variant="primary")
         inspect_summary = gr.Markdown()

@@ -1,34 +1,49 @@
 """codeckv: KV-cache codecs as a transformers Cache backend, with honest measurements.
 
-    from codeckv import CodecCache, TIERS, load_model
+    from codeckv import TIERS, load_model, make_cache
     loaded = load_model()                                   # embedded smollm2-135m, offline
-    cache = CodecCache.from_config(loaded.model.config, "turbo-4")
+    cache = make_cache(loaded.model.config, "turbo-4")      # a CodecCache (a DynamicCache for "native")
     loaded.model.generate(input_ids, cache=cache, max_new_tokens=64)
     print(cache.footprint().ratio)                          # archive bytes / bf16 cache bytes
+
+The names below are imported on first use (PEP 562), so that `kernels`, which reads the codecs'
+row layouts from `codeckv.codecs.layout`, can be imported without importing the cache that uses it.
 """
 
-from codeckv.cache import CodecCache, CodecLayer, Footprint, footprint
-from codeckv.codecs import DCT, Delta, Encoded, GroupQuant, LloydMaxQuant, Rotation
-from codeckv.models import DEFAULT_MODEL, LoadedModel, ModelUnavailableError, load_model
-from codeckv.tiers import TIERS, Tier, custom_tier, get_tier
+import importlib
 
-__all__ = [
-    "DCT",
-    "DEFAULT_MODEL",
-    "TIERS",
-    "CodecCache",
-    "CodecLayer",
-    "Delta",
-    "Encoded",
-    "Footprint",
-    "GroupQuant",
-    "LoadedModel",
-    "LloydMaxQuant",
-    "ModelUnavailableError",
-    "Rotation",
-    "Tier",
-    "custom_tier",
-    "footprint",
-    "get_tier",
-    "load_model",
-]
+_HOMES = {
+    "CodecCache": "codeckv.cache",
+    "footprint": "codeckv.cache",
+    "make_cache": "codeckv.cache",
+    "steady_state_ratio": "codeckv.cache",
+    "DCT": "codeckv.codecs",
+    "Delta": "codeckv.codecs",
+    "Encoded": "codeckv.codecs",
+    "GroupQuant": "codeckv.codecs",
+    "LloydMaxQuant": "codeckv.codecs",
+    "Rotation": "codeckv.codecs",
+    "Footprint": "codeckv.footprint",
+    "CodecLayer": "codeckv.layers",
+    "CodedLayer": "codeckv.layers",
+    "DEFAULT_MODEL": "codeckv.models",
+    "LoadedModel": "codeckv.models",
+    "ModelUnavailableError": "codeckv.models",
+    "load_model": "codeckv.models",
+    "TIERS": "codeckv.tiers",
+    "Tier": "codeckv.tiers",
+    "as_tier": "codeckv.tiers",
+    "custom_tier": "codeckv.tiers",
+    "get_tier": "codeckv.tiers",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'codeckv' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

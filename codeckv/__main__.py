@@ -61,7 +61,7 @@ def _write_figures(figures: dict, out: Path) -> list[Path]:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from codeckv import plots
+    from codeckv.figures import sweep_figures
     from codeckv.measure.sweep import as_dicts, sweep
     from codeckv.measure.table import format_table, write_csv, write_json
     from codeckv.models import load_model
@@ -97,19 +97,14 @@ def _sweep(args: argparse.Namespace) -> None:
         "runs": {label: {**c.summary(), "text": c.codec.text, "token_nll_native": c.token_nll_native,
                          "token_nll_codec": c.token_nll_codec} for label, c in result.comparisons.items()},
     }, out / "sweep.json")
-    figures = {
-        "pareto": plots.pareto_figure(result.rows),
-        "latency": plots.latency_figure(result.rows),
-        "token_match": plots.token_match_figure(result.rows),
-    }
-    paths = _write_figures(figures, out)
+    paths = _write_figures(sweep_figures(result), out)
     print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, " + ", ".join(str(p) for p in paths))
 
 
 def _inspect(args: argparse.Namespace) -> None:
     from dataclasses import asdict
 
-    from codeckv import plots
+    from codeckv.figures import inspect_figures
     from codeckv.measure.inspect import capture_kv, inspect_capture
     from codeckv.measure.table import format_table, write_csv, write_json
     from codeckv.models import load_model
@@ -121,13 +116,7 @@ def _inspect(args: argparse.Namespace) -> None:
         bar.update()
         view = inspect_capture(capture, args.tier, args.layer, args.head)
         bar.update()
-        figures = {
-            "heatmap_key": plots.kv_heatmap_figure(view.head, "key", view.tokens),
-            "heatmap_value": plots.kv_heatmap_figure(view.head, "value", view.tokens),
-            "spectrum": plots.spectrum_figure(view.spectrum),
-            "layer_errors": plots.layer_error_figure(view.layers),
-            "var_ratio": plots.var_ratio_figure(view.layers),
-        }
+        figures = inspect_figures(view)
         bar.update()
     rows = [asdict(e) for e in view.layers]
     print(format_table(rows, [c for c in rows[0] if c != "layer_type"]))

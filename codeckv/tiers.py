@@ -18,8 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 from codeckv.codecs.base import Codec
 from codeckv.codecs.bitpack import ALLOWED_BITS
 from codeckv.codecs.cast import Cast
@@ -47,7 +45,6 @@ class Tier:
     keep_first: int = 0  # sink tokens kept at full precision
     keep_recent: int = 0  # most recent tokens kept at full precision
     max_rel_error: float = math.inf  # bound on ||decode(encode(x)) - x|| / ||x|| on the test signal
-    materialization_free: bool = False  # attention reads the stored codes, no decoded view (codeckv.attention)
 
     def __post_init__(self) -> None:
         for side, codec in (("key", self.key), ("value", self.value)):
@@ -62,29 +59,6 @@ class Tier:
     def is_native(self) -> bool:
         """True when neither keys nor values are encoded."""
         return self.key is None and self.value is None
-
-
-def _archived_bytes(codec: Codec | None, tier: Tier, seq_len: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes one (1 head) K or V stream of seq_len tokens takes under the cache's rule.
-
-    Sinks, the recent window and the incomplete tail stay raw in `dtype`; the rest,
-    whole multiples of block_tokens, is archived by the codec.
-    """
-    raw_bytes = torch.empty((), dtype=dtype).element_size() * head_dim
-    if codec is None:
-        return seq_len * raw_bytes
-    middle = max(0, seq_len - tier.keep_first - tier.keep_recent)
-    archived = middle // codec.block_tokens * codec.block_tokens
-    enc = codec.encode(torch.zeros(1, 1, archived, head_dim, dtype=dtype))
-    return codec.nbytes(enc) + (seq_len - archived) * raw_bytes
-
-
-def bytes_ratio(tier: Tier, head_dim: int, seq_len: int = 1024, dtype: torch.dtype = torch.bfloat16) -> float:
-    """Stored K+V bytes of seq_len tokens (metadata and raw tokens in `dtype` included) / bf16 native."""
-    if seq_len < 1:
-        raise ValueError(f"bytes_ratio: seq_len={seq_len!r} must be >= 1")
-    stored = sum(_archived_bytes(c, tier, seq_len, head_dim, dtype) for c in (tier.key, tier.value))
-    return stored / (2 * seq_len * head_dim * 2)
 
 
 def _tiers(*tiers: Tier) -> dict[str, Tier]:
@@ -165,6 +139,15 @@ def get_tier(name: str) -> Tier:
     if name not in TIERS:
         raise ValueError(f"unknown tier {name!r} (allowed: {', '.join(TIERS)})")
     return TIERS[name]
+
+
+def as_tier(tier: Tier | str) -> Tier:
+    """A Tier from a Tier or a preset name: what every public entry point accepts."""
+    if isinstance(tier, Tier):
+        return tier
+    if isinstance(tier, str):
+        return get_tier(tier)
+    raise ValueError(f"tier={tier!r} is neither a Tier nor a tier name (allowed: {', '.join(TIERS)})")
 
 
 def _quantizer(bits: int, group: int, lloyd_max: bool) -> Codec:

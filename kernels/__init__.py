@@ -1,14 +1,16 @@
 """Kernels on stored KV codes: Triton on CUDA, the torch reference everywhere else.
 
-    enc = dct_encode(x, codec)            # DCT codec: the Encoded codec.encode(x) returns
-    x = dct_decode(enc, codec)            # its decode
-    enc = rotate_quant(x, codec)          # Rotation(GroupQuant | LloydMaxQuant) or a bare quantizer
-    x = dequant_rotate(enc, codec)
+    enc = encode(x, codec)                # any codec: exactly the Encoded codec.encode(x) returns
+    x = decode(enc, codec)                # its decode
+    enc = dct_encode(x, codec)            # the block-DCT encoder (a layout with block > 1) ...
+    enc = rotate_quant(x, codec)          # ... or the rotation + quantizer one (block 1); their decoders:
+    x = dct_decode(enc, codec); x = dequant_rotate(enc, codec)
     out = decode_attention(q, [Raw(k0, v0), Coded(kc, k_enc, vc, v_enc), Raw(k1, v1)])  # (B, Hq, T, Dv)
 
-Every op dispatches on `tensor.is_cuda`: the Triton kernel on a GPU when it supports the codec (and,
-for attention, when no mask is given), else the torch reference of the same file; `backend_name()`
-says which one a CUDA / CPU tensor gets.
+The kernels read the row layout each codec declares (`codec.row_layout()`, kernels/layout.py) and
+import no codec class. Every op dispatches on `tensor.is_cuda`: the Triton kernel on a GPU when the
+codec's layout allows it (and, for attention, when no mask is given), else the torch reference of the
+same file; `backend_name(device, codec)` says which one a tensor gets, and why for the torch path.
 
 The ops live in kernels/ops.py and this package imports nothing until one of these names is used
 (PEP 562): transformers probes for the Hugging Face kernel hub by importing whatever top-level
@@ -24,8 +26,10 @@ __all__ = [
     "backend_name",
     "dct_decode",
     "dct_encode",
+    "decode",
     "decode_attention",
     "dequant_rotate",
+    "encode",
     "rotate_quant",
 ]
 

@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from codeckv.codecs.dct import DCT
 from codeckv.tiers import TIERS
 from kernels import Coded, Raw
 from kernels.dct_decode import dct_decode_ref, dct_decode_triton
 from kernels.dct_encode import dct_encode_ref, dct_encode_triton
 from kernels.decode_attention import decode_attention_ref, decode_attention_triton
 from kernels.dequant_rotate import dequant_rotate_ref, dequant_rotate_triton
+from kernels.layout import layout_of
 from kernels.rotate_quant import rotate_quant_ref, rotate_quant_triton
 
 BATCH, KV_HEADS, Q_HEADS, HEAD_DIM = 1, 8, 16, 128
@@ -141,7 +141,7 @@ def _cases(tier_name: str, context: int, device: torch.device, dtype: torch.dtyp
         "native_sdpa": lambda: F.scaled_dot_product_attention(query, keys, values, enable_gqa=True),
     }
     yield "decode_attention", attention
-    if isinstance(tier.key, DCT):
+    if layout_of(tier.key).block > 1:  # a DCT tier: the block encoders
         codec, x, enc = tier.key, keys[:, :, :archived], segments[0].keys
         yield "dct_encode", {"triton": (lambda: dct_encode_triton(x, codec)) if gpu else None,
                              "reference": lambda: dct_encode_ref(x, codec)}

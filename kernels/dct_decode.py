@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from codeckv.codecs.base import Encoded
-from codeckv.codecs.dct import DCT
-from kernels.codes import Layout, load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
+from codeckv.codecs.layout import Codec, Encoded, RowLayout
+from kernels.layout import basis, layout_of, levels, rotation, tensors
+from kernels.triton_helpers import load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
 
 TOKENS_PER_TILE = 32  # about this many output tokens per program
 
@@ -70,28 +70,30 @@ def _dct_decode_kernel(
     tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=row_mask & (n < R))
 
 
-def dct_decode_supported(enc: Encoded, codec: DCT) -> bool:
-    """True when the Triton kernel can decode this archive (else the public op uses the reference)."""
-    layout = Layout.of(codec)
+def dct_decode_supported(enc: Encoded, codec: Codec) -> bool:
+    """True when the Triton kernel can decode this archive: a DCT layout (block > 1) it reads."""
+    layout = layout_of(codec)
     d = enc.shape[-1]
-    return layout.kernel_ready and (layout.rotation is None or (d >= 16 and d & (d - 1) == 0))
+    if not isinstance(layout, RowLayout) or layout.block == 1:
+        return False
+    return layout.rotation is None or (d >= 16 and d & (d - 1) == 0)
 
 
-def dct_decode_triton(enc: Encoded, codec: DCT) -> torch.Tensor:
+def dct_decode_triton(enc: Encoded, codec: Codec) -> torch.Tensor:
     """Decode an archive of `codec` with the Triton kernel: the same (B, H, S, D) as codec.decode(enc)."""
     if not dct_decode_supported(enc, codec):
         raise ValueError(f"dct_decode_triton: {codec!r} with head_dim {enc.shape[-1]} is not supported")
     b, h, s, d = enc.shape
-    layout = Layout.of(codec)
-    rows, scale, offset = layout.tensors(enc)
+    layout = layout_of(codec)
+    rows, scale, offset = tensors(layout, enc)
     device = rows.device
     spec = layout.quant
-    basis = layout.basis(device)
-    rot = layout.matrix(d, device)
-    lut = spec.levels(device) if spec is not None else basis
+    m = basis(layout, device)
+    rot = rotation(layout, d, device)
+    lut = levels(spec, device) if spec is not None else m
     out = torch.empty((b, h, s, d), dtype=enc.dtype, device=device)
-    n_blocks = s // codec.block_size
-    r_p = pow2(codec.block_size)
+    n_blocks = s // layout.block
+    r_p = pow2(layout.block)
     if rot is None:
         block_nb = pow2(max(1, TOKENS_PER_TILE // r_p))
     else:
@@ -99,9 +101,9 @@ def dct_decode_triton(enc: Encoded, codec: DCT) -> torch.Tensor:
     scale = rows if scale is None else scale
     grid = (b * h, triton.cdiv(n_blocks, block_nb))
     _dct_decode_kernel[grid](
-        rows, scale, scale if offset is None else offset, lut, basis, basis if rot is None else rot, out,
+        rows, scale, scale if offset is None else offset, lut, m, m if rot is None else rot, out,
         h, n_blocks, *row_strides(rows), *row_strides(scale),
-        K=codec.k, R=codec.block_size, R_P=r_p, BLOCK_NB=block_nb, D=d, D_P=pow2(d), ROTATE=rot is not None,
+        K=layout.k, R=layout.block, R_P=r_p, BLOCK_NB=block_nb, D=d, D_P=pow2(d), ROTATE=rot is not None,
         SLAB=rotation_slab_width(d),
         num_warps=8 if rot is not None else 4,
         **quant_meta(spec, ""),
@@ -109,6 +111,6 @@ def dct_decode_triton(enc: Encoded, codec: DCT) -> torch.Tensor:
     return out
 
 
-def dct_decode_ref(enc: Encoded, codec: DCT) -> torch.Tensor:
+def dct_decode_ref(enc: Encoded, codec: Codec) -> torch.Tensor:
     """The torch reference: the codec's own decode (the single source of truth for the format)."""
     return codec.decode(enc)

@@ -17,11 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from codeckv.codecs.base import Encoded, check_input
-from codeckv.codecs.dct import DCT
-from codeckv.codecs.quant import check_row
-from kernels.codes import (
-    Layout,
+from codeckv.codecs.layout import Codec, Encoded, RowLayout, check_input
+from kernels.layout import basis, layout_of, raw_dtype, rotation
+from kernels.triton_helpers import (
     encoder_inputs,
     pow2,
     quant_outputs,
@@ -96,52 +94,53 @@ def _dct_encode_kernel(
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def dct_encode_supported(x: torch.Tensor, codec: DCT) -> bool:
-    """True when the Triton kernel can encode x with this DCT (else the public op uses the reference)."""
-    layout = Layout.of(codec)
+def dct_encode_supported(x: torch.Tensor, codec: Codec) -> bool:
+    """True when the Triton kernel can encode x with this codec: a DCT layout (block > 1) whose rows it writes."""
+    layout = layout_of(codec)
     d = x.shape[-1]
-    if not layout.kernel_ready or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if not isinstance(layout, RowLayout) or layout.block == 1:
+        return False
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
     spec = layout.quant
-    if spec is not None and not spec.packs(d):
+    if spec is not None and not (spec.packs(d) and spec.fits(d)):
         return False
     return layout.rotation is None or (d >= 16 and d & (d - 1) == 0)
 
 
-def dct_encode_triton(x: torch.Tensor, codec: DCT) -> Encoded:
+def dct_encode_triton(x: torch.Tensor, codec: Codec) -> Encoded:
     """Encode x (B, H, S, D) with the Triton kernel: the same Encoded as codec.encode(x)."""
     check_input(x, codec.block_tokens, "dct_encode")
     if not dct_encode_supported(x, codec):
         raise ValueError(f"dct_encode_triton: {codec!r} on {x.dtype} head_dim {x.shape[-1]} is not supported")
     x = x if x.stride(-1) == 1 else x.contiguous()
     b, h, s, d = x.shape
-    layout = Layout.of(codec)
+    layout = layout_of(codec)
     spec = layout.quant
-    n_rows = s // codec.block_size * codec.k
-    basis = layout.basis(x.device)
+    n_rows = s // layout.block * layout.k
+    m = basis(layout, x.device)
     tiles = tile_layout(spec, d)
     if spec is None:
-        out = torch.empty((b, h, n_rows, d), dtype=layout.raw_dtype(x.dtype), device=x.device)
+        out = torch.empty((b, h, n_rows, d), dtype=raw_dtype(layout, x.dtype), device=x.device)
         scale = offset = out
-        data = {layout.raw_name: out}
-        lut = thr = mults = basis
+        data = {layout.name(layout.rows.name): out}
+        lut = thr = mults = m
         rows = ROWS_PER_TOKEN_TILE
     else:
-        check_row((b, h, n_rows, d), spec.bits, spec.group, spec.per_channel, "dct_encode")
         out, scale, offset, data = quant_outputs(spec, (b, h, n_rows, d), x.device, layout.prefix)
         offset = scale if offset is None else offset
-        lut, thr, mults = encoder_inputs(spec, layout.leaf, x.device)
+        lut, thr, mults = encoder_inputs(spec, x.device)
         rows = spec.group if spec.per_channel else ROWS_PER_TOKEN_TILE
-    rot = layout.matrix(d, x.device)
+    rot = rotation(layout, d, x.device)
     grid = (b * h, triton.cdiv(n_rows, rows))
     _dct_encode_kernel[grid](
-        x, basis, out, scale, offset, lut, thr, mults, mults.numel(),
-        basis if rot is None else rot,
+        x, m, out, scale, offset, lut, thr, mults, mults.numel(),
+        m if rot is None else rot,
         h, n_rows,
         x.stride(0), x.stride(1), x.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         scale.stride(0), scale.stride(1), scale.stride(2),
-        K=codec.k, R=codec.block_size, ROWS=rows, R_P=max(pow2(rows), 16 if rot is not None else 1),
+        K=layout.k, R=layout.block, ROWS=rows, R_P=max(pow2(rows), 16 if rot is not None else 1),
         D=d, **tiles,
         QUANT=spec is not None, BITS=spec.bits if spec else 8, PER_CHANNEL=bool(spec and spec.per_channel),
         LLOYD=bool(spec and spec.lloyd_max), ROTATE=rot is not None, SLAB=rotation_slab_width(d),
@@ -150,6 +149,6 @@ def dct_encode_triton(x: torch.Tensor, codec: DCT) -> Encoded:
     return Encoded(data, (b, h, s, d), x.dtype)
 
 
-def dct_encode_ref(x: torch.Tensor, codec: DCT) -> Encoded:
+def dct_encode_ref(x: torch.Tensor, codec: Codec) -> Encoded:
     """The torch reference: the codec's own encode (the single source of truth for the format)."""
     return codec.encode(x)

@@ -2,7 +2,7 @@
 
 The sequence is a list of segments in order: `Coded` spans (an archive as its key and value codecs
 stored it) and `Raw` spans (sinks, the raw tail, the recent window, the new tokens). With a stored
-row layout x[b*r + n] = (sum_j M[j, n] row[b*k + j]) @ Q.T (kernels/codes.py):
+row layout x[b*r + n] = (sum_j M[j, n] row[b*k + j]) @ Q.T (kernels/layout.py):
 
     scores   q . x[b*r + n] = sum_j ((q Q) . row[b*k + j]) M[j, n]    rotate q once, stay in row domain
     output   sum_p w[p] x[p] = (sum_b sum_j (w_b M.T)[j] row[b*k + j]) @ Q.T    un-rotate the output once
@@ -27,8 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from codeckv.codecs.base import Codec, Encoded
-from kernels.codes import Layout, QuantSpec, load_rows, pow2, quant_meta, row_strides, synthesis_basis
+from codeckv.codecs.layout import Codec, Encoded, NoRowLayout, QuantRows, RowLayout, slice_encoded
+from kernels.layout import basis, layout_of, levels, rotation, rows, synthesis_basis, tensors
+from kernels.triton_helpers import load_rows, pow2, quant_meta, row_strides
 
 CHUNK_TOKENS = 1024  # tokens per step of the reference (rounded to whole blocks)
 TILE_ELEMENTS = 4096  # elements of the largest per-tile broadcast product (about 100-150 registers)
@@ -75,11 +76,33 @@ def _geometry(segments: list[Segment]) -> tuple[int, int]:
 
 def _value_rotation(segments: list[Segment], dv: int, device: torch.device) -> torch.Tensor | None:
     """Q of the values' domain (the coded values' rotation), shared by every Coded segment; None if unrotated."""
-    rotations = {Layout.of(s.value_codec).rotation for s in segments if isinstance(s, Coded)}
+    layouts = [_RowReader.of(s.value_codec).layout for s in segments if isinstance(s, Coded)]
+    rotations = {layout.rotation for layout in layouts}
     if len(rotations) > 1:
         raise ValueError(f"decode_attention: Coded segments disagree on the value rotation ({rotations})")
-    rotation = rotations.pop() if rotations else None
-    return None if rotation is None else rotation.matrix(dv, device)
+    return rotation(layouts[0], dv, device) if layouts else None
+
+
+@dataclass(frozen=True)
+class _RowReader:
+    """How the reference reads one side of a Coded span: the declared rows, or the codec's own decode."""
+
+    codec: Codec
+    layout: RowLayout  # a codec without a row layout is read as raw decoded tokens (r = k = 1, no rotation)
+    declared: bool
+
+    @staticmethod
+    def of(codec: Codec) -> _RowReader:
+        layout = layout_of(codec)
+        if isinstance(layout, NoRowLayout):
+            return _RowReader(codec, RowLayout(QuantRows(8, 1, False)), False)
+        return _RowReader(codec, layout, True)
+
+    def rows(self, enc: Encoded, start: int, stop: int) -> torch.Tensor:
+        """(B, H, n_rows, D) float32 rows of tokens [start, stop)."""
+        if self.declared:
+            return rows(self.layout, enc, start, stop)
+        return self.codec.decode(slice_encoded(enc, start, stop)).float()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -172,19 +195,20 @@ def decode_attention_ref(
                 values = values if v_rot is None else values @ v_rot
                 state.acc += torch.einsum("bhgtn,bhnd->bhgtd", state.weights(s), values)
         else:
-            kl, vl = Layout.of(seg.key_codec), Layout.of(seg.value_codec)
-            qk = q if kl.rotation is None else q @ kl.matrix(d, device)
-            mk, mv = kl.basis(device), vl.basis(device)
-            unit = math.lcm(seg.key_codec.block_tokens, seg.value_codec.block_tokens, kl.block, vl.block)
+            kr, vr = _RowReader.of(seg.key_codec), _RowReader.of(seg.value_codec)
+            k_rot = rotation(kr.layout, d, device)
+            qk = q if k_rot is None else q @ k_rot
+            mk, mv = basis(kr.layout, device), basis(vr.layout, device)
+            unit = math.lcm(seg.key_codec.block_tokens, seg.value_codec.block_tokens, kr.layout.block, vr.layout.block)
             step = max(unit, chunk_tokens // unit * unit)
             for lo in range(0, seg.tokens, step):
                 hi = min(seg.tokens, lo + step)
-                rows = kl.rows(seg.keys, lo, hi)  # (B, Hkv, nblk*k, D)
-                s = _to_tokens(torch.einsum("bhgtd,bhrd->bhgtr", qk, rows), mk) * scale
+                key_rows = kr.rows(seg.keys, lo, hi)  # (B, Hkv, nblk*k, D)
+                s = _to_tokens(torch.einsum("bhgtd,bhrd->bhgtr", qk, key_rows), mk) * scale
                 if bias is not None:
                     s = s + bias[..., pos + lo : pos + hi]
                 weights = _to_rows(state.weights(s), mv)
-                state.acc += torch.einsum("bhgtr,bhrd->bhgtd", weights, vl.rows(seg.values, lo, hi))
+                state.acc += torch.einsum("bhgtr,bhrd->bhgtd", weights, vr.rows(seg.values, lo, hi))
         pos += seg.tokens
     out = state.result()
     if v_rot is not None:
@@ -306,8 +330,8 @@ def decode_attention_supported(segments: list[Segment]) -> bool:
     if len(coded) > 1:
         return False
     for seg in coded:
-        kl, vl = Layout.of(seg.key_codec), Layout.of(seg.value_codec)
-        if not (kl.kernel_ready and vl.kernel_ready and (kl.block, kl.k) == (vl.block, vl.k)):
+        kl, vl = layout_of(seg.key_codec), layout_of(seg.value_codec)
+        if not (isinstance(kl, RowLayout) and isinstance(vl, RowLayout) and (kl.block, kl.k) == (vl.block, vl.k)):
             return False
     return True
 
@@ -333,18 +357,18 @@ class _Stream:
     rows: torch.Tensor  # codes (B, H, N, D*bits/8) or raw rows (B, H, N, D)
     scale: torch.Tensor | None  # fp16 scales (None for raw rows)
     zero: torch.Tensor | None  # fp16 zeros (GroupQuant only)
-    spec: QuantSpec | None  # None for raw rows
+    spec: QuantRows | None  # None for raw rows
 
     @staticmethod
-    def coded(layout: Layout, enc: Encoded) -> _Stream:
-        return _Stream(*layout.tensors(enc), layout.quant)
+    def coded(layout: RowLayout, enc: Encoded) -> _Stream:
+        return _Stream(*tensors(layout, enc), layout.quant)
 
     def args(self, device: torch.device) -> list:
         """rows, scale, zero, levels pointers, then the rows' and the scale's (batch, head, row) strides."""
         scale = self.rows if self.scale is None else self.scale  # placeholders are never read
         zero = scale if self.zero is None else self.zero
-        levels = self.spec.levels(device) if self.spec is not None else synthesis_basis(1, 1, device)
-        return [self.rows, scale, zero, levels, *row_strides(self.rows), *row_strides(scale)]
+        table = levels(self.spec, device) if self.spec is not None else synthesis_basis(1, 1, device)
+        return [self.rows, scale, zero, table, *row_strides(self.rows), *row_strides(scale)]
 
 
 def decode_attention_triton(
@@ -368,9 +392,10 @@ def decode_attention_triton(
     launches = []  # (query rows in the key domain, key stream, value stream, basis M, blocks, wanted splits)
     for seg in segments:
         if isinstance(seg, Coded) and seg.tokens:
-            kl, vl = Layout.of(seg.key_codec), Layout.of(seg.value_codec)
-            qk = q if kl.rotation is None else q @ kl.matrix(d, device)
-            launches.append((qk, _Stream.coded(kl, seg.keys), _Stream.coded(vl, seg.values), kl.basis(device),
+            kl, vl = layout_of(seg.key_codec), layout_of(seg.value_codec)
+            k_rot = rotation(kl, d, device)
+            qk = q if k_rot is None else q @ k_rot
+            launches.append((qk, _Stream.coded(kl, seg.keys), _Stream.coded(vl, seg.values), basis(kl, device),
                              seg.tokens // kl.block, num_splits))
     raws = [seg for seg in segments if isinstance(seg, Raw) and seg.tokens]
     if raws:  # one more launch over every raw token, values rotated into the value domain
@@ -382,8 +407,8 @@ def decode_attention_triton(
 
     plans = []  # launch + (blocks per tile, blocks per split, splits)
     for launch in launches:
-        basis, n_blocks, wanted = launch[3:]
-        block_nb = _block_nb(nq_p, pow2(basis.shape[0]), pow2(basis.shape[1]), max(d_p, dv_p))
+        m, n_blocks, wanted = launch[3:]
+        block_nb = _block_nb(nq_p, pow2(m.shape[0]), pow2(m.shape[1]), max(d_p, dv_p))
         plans.append((*launch[:5], block_nb, *_splits(n_blocks, block_nb, b * hkv, wanted)))
     total = sum(plan[-1] for plan in plans)
     part_m = torch.empty((b * hkv, total, nq_p), dtype=torch.float32, device=device)
@@ -391,10 +416,10 @@ def decode_attention_triton(
     part_acc = torch.empty((b * hkv, total, nq_p, dv_p), dtype=torch.float32, device=device)
 
     slot = 0
-    for qk, keys, values, basis, n_blocks, block_nb, per_split, n_split in plans:
-        k, r = basis.shape
+    for qk, keys, values, m, n_blocks, block_nb, per_split, n_split in plans:
+        k, r = m.shape
         _decode_attention_kernel[(b * hkv, n_split)](
-            qk.contiguous(), *keys.args(device), *values.args(device), basis, part_m, part_l, part_acc,
+            qk.contiguous(), *keys.args(device), *values.args(device), m, part_m, part_l, part_acc,
             hkv, n_blocks, per_split, slot, total, scale * LOG2E,
             NQ=nq, NQ_P=nq_p, D=d, D_P=d_p, DV=dv, DV_P=dv_p, K=k, K_P=pow2(k), R=r, R_P=pow2(r),
             BLOCK_NB=block_nb, **quant_meta(keys.spec, "K_"), **quant_meta(values.spec, "V_"),

@@ -11,8 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from codeckv.codecs.base import Codec, Encoded
-from kernels.codes import Layout, load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
+from codeckv.codecs.layout import Codec, Encoded, RowLayout
+from kernels.layout import layout_of, levels, rotation, tensors
+from kernels.triton_helpers import load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
 
 TOKENS_PER_TILE = 32  # tokens per program
 
@@ -54,10 +55,10 @@ def _dequant_rotate_kernel(
 
 
 def dequant_rotate_supported(enc: Encoded, codec: Codec) -> bool:
-    """True for Rotation(GroupQuant | LloydMaxQuant) or a bare quantizer."""
-    layout = Layout.of(codec)
+    """True for a per-token layout of quantized rows, optionally rotated."""
+    layout = layout_of(codec)
     d = enc.shape[-1]
-    if layout.block != 1 or layout.quant is None:
+    if not isinstance(layout, RowLayout) or layout.block != 1 or layout.quant is None:
         return False
     return layout.rotation is None or (d >= 16 and d & (d - 1) == 0)
 
@@ -67,12 +68,12 @@ def dequant_rotate_triton(enc: Encoded, codec: Codec) -> torch.Tensor:
     if not dequant_rotate_supported(enc, codec):
         raise ValueError(f"dequant_rotate_triton: {codec!r} with head_dim {enc.shape[-1]} is not supported")
     b, h, s, d = enc.shape
-    layout = Layout.of(codec)
+    layout = layout_of(codec)
     spec = layout.quant
-    codes, scale, offset = layout.tensors(enc)
+    codes, scale, offset = tensors(layout, enc)
     device = codes.device
-    lut = spec.levels(device)
-    rot = layout.matrix(d, device)
+    lut = levels(spec, device)
+    rot = rotation(layout, d, device)
     out = torch.empty((b, h, s, d), dtype=enc.dtype, device=device)
     grid = (b * h, triton.cdiv(s, TOKENS_PER_TILE))
     _dequant_rotate_kernel[grid](

@@ -1,5 +1,9 @@
 """The public ops: each dispatches on `tensor.is_cuda` to its Triton launcher or its torch reference.
 
+    enc = encode(x, codec)      # any codec: the DCT or rotation/quantizer kernel on CUDA when its layout allows
+    x = decode(enc, codec)      # else codec.encode / codec.decode (the reference everywhere)
+    backend_name("cuda", codec) # "triton", or "torch (why)" for a codec without a row layout
+
 Imported lazily by kernels/__init__.py (see there why); use them as `kernels.<op>`.
 """
 
@@ -9,8 +13,7 @@ import sys
 
 import torch
 
-from codeckv.codecs.base import Codec, Encoded
-from codeckv.codecs.dct import DCT
+from codeckv.codecs.layout import Codec, Encoded, NoRowLayout
 from kernels.dct_decode import dct_decode_ref, dct_decode_supported, dct_decode_triton
 from kernels.dct_encode import dct_encode_ref, dct_encode_supported, dct_encode_triton
 from kernels.decode_attention import (
@@ -22,6 +25,7 @@ from kernels.decode_attention import (
     decode_attention_triton,
 )
 from kernels.dequant_rotate import dequant_rotate_ref, dequant_rotate_supported, dequant_rotate_triton
+from kernels.layout import layout_of
 from kernels.rotate_quant import rotate_quant_ref, rotate_quant_supported, rotate_quant_triton
 
 __all__ = [  # re-exported by kernels/__init__.py
@@ -31,31 +35,59 @@ __all__ = [  # re-exported by kernels/__init__.py
     "backend_name",
     "dct_decode",
     "dct_encode",
+    "decode",
     "decode_attention",
     "dequant_rotate",
+    "encode",
     "rotate_quant",
 ]
 
 
-def backend_name(device: torch.device | str | None = None) -> str:
-    """"triton" when tensors on `device` (default: CUDA if present, else CPU) run the kernels, else "torch"."""
+def backend_name(device: torch.device | str | None = None, codec: Codec | None = None) -> str:
+    """Which path tensors on `device` (default: CUDA if present, else CPU) take, for `codec` if given.
+
+    "triton" on CUDA; "torch" on CPU; "torch (reason)" on CUDA for a codec whose layout no kernel reads.
+    """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return "triton" if torch.device(device).type == "cuda" else "torch"
+    if torch.device(device).type != "cuda":
+        return "torch"
+    layout = layout_of(codec) if codec is not None else None
+    return f"torch ({layout.reason})" if isinstance(layout, NoRowLayout) else "triton"
 
 
 def _stored_on_cuda(enc: Encoded) -> bool:
     return next(iter(enc.data.values())).is_cuda
 
 
-def dct_encode(x: torch.Tensor, codec: DCT) -> Encoded:
+def encode(x: torch.Tensor, codec: Codec) -> Encoded:
+    """codec.encode(x) for x (B, H, S, D): through dct_encode or rotate_quant on CUDA when they support it."""
+    if x.is_cuda:
+        if dct_encode_supported(x, codec):
+            return dct_encode_triton(x, codec)
+        if rotate_quant_supported(x, codec):
+            return rotate_quant_triton(x, codec)
+    return codec.encode(x)
+
+
+def decode(enc: Encoded, codec: Codec) -> torch.Tensor:
+    """codec.decode(enc) -> (B, H, S, D): through dct_decode or dequant_rotate on CUDA when they support it."""
+    if _stored_on_cuda(enc):
+        if dct_decode_supported(enc, codec):
+            return dct_decode_triton(enc, codec)
+        if dequant_rotate_supported(enc, codec):
+            return dequant_rotate_triton(enc, codec)
+    return codec.decode(enc)
+
+
+def dct_encode(x: torch.Tensor, codec: Codec) -> Encoded:
     """Block DCT + fused coefficient quantization of x (B, H, S, D): exactly codec.encode(x)'s tensors."""
     if x.is_cuda and dct_encode_supported(x, codec):
         return dct_encode_triton(x, codec)
     return dct_encode_ref(x, codec)
 
 
-def dct_decode(enc: Encoded, codec: DCT) -> torch.Tensor:
+def dct_decode(enc: Encoded, codec: Codec) -> torch.Tensor:
     """Dequantize + inverse block DCT: codec.decode(enc), (B, H, S, D)."""
     if _stored_on_cuda(enc) and dct_decode_supported(enc, codec):
         return dct_decode_triton(enc, codec)

@@ -14,10 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from codeckv.codecs.base import Codec, Encoded, check_input
-from codeckv.codecs.quant import check_row
-from kernels.codes import (
-    Layout,
+from codeckv.codecs.layout import Codec, Encoded, RowLayout, check_input
+from kernels.layout import layout_of, rotation
+from kernels.triton_helpers import (
     encoder_inputs,
     pow2,
     quant_outputs,
@@ -75,11 +74,12 @@ def _rotate_quant_kernel(
 
 
 def rotate_quant_supported(x: torch.Tensor, codec: Codec) -> bool:
-    """True for Rotation(GroupQuant | LloydMaxQuant) or a bare quantizer the kernel can pack."""
-    layout = Layout.of(codec)
+    """True for a per-token layout of quantized rows (optionally rotated) that the kernel can pack."""
+    layout = layout_of(codec)
     d = x.shape[-1]
-    spec = layout.quant
-    if layout.block != 1 or spec is None or not spec.packs(d):
+    if not isinstance(layout, RowLayout) or layout.block != 1 or layout.quant is None:
+        return False
+    if not (layout.quant.packs(d) and layout.quant.fits(d)):
         return False
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
@@ -93,12 +93,11 @@ def rotate_quant_triton(x: torch.Tensor, codec: Codec) -> Encoded:
         raise ValueError(f"rotate_quant_triton: {codec!r} on {x.dtype} head_dim {x.shape[-1]} is not supported")
     x = x if x.stride(-1) == 1 else x.contiguous()
     b, h, s, d = x.shape
-    layout = Layout.of(codec)
+    layout = layout_of(codec)
     spec = layout.quant
-    check_row(tuple(x.shape), spec.bits, spec.group, spec.per_channel, "rotate_quant")
-    codes, scale, offset, data = quant_outputs(spec, (b, h, s, d), x.device)
-    lut, thr, mults = encoder_inputs(spec, layout.leaf, x.device)
-    rot = layout.matrix(d, x.device)
+    codes, scale, offset, data = quant_outputs(spec, (b, h, s, d), x.device, layout.prefix)
+    lut, thr, mults = encoder_inputs(spec, x.device)
+    rot = rotation(layout, d, x.device)
     rows = spec.group if spec.per_channel else TOKENS_PER_TILE
     grid = (b * h, triton.cdiv(s, rows))
     _rotate_quant_kernel[grid](

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from codeckv.attention import CodedLayer, materialization_free_cache, use_codec_attention
-from codeckv.cache import CodecCache, CodecLayer
+from codeckv.attention import use_codec_attention
+from codeckv.cache import CodecCache, make_cache
+from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.tiers import TIERS
 
 RESIDENT_SLACK = 0.05  # resident bytes may exceed the archive by at most 5% (at 4k tokens)
@@ -24,9 +25,10 @@ def long_prompt(loaded):
 
 @pytest.fixture
 def codec_attention_model(loaded):
+    """The session model, routed through codec attention as load_model leaves it (restored if a test changes it)."""
     use_codec_attention(loaded.model)
     yield loaded.model
-    loaded.model.set_attn_implementation("sdpa")
+    use_codec_attention(loaded.model)
 
 
 def _greedy(model, ids, cache, n):
@@ -37,7 +39,7 @@ def _greedy(model, ids, cache, n):
 @pytest.mark.parametrize("tier", ["png", "jpeg-k8-int8"])
 def test_greedy_tokens_equal_the_materialized_cache(loaded, long_prompt, codec_attention_model, tier):
     materialized = _greedy(loaded.model, long_prompt, CodecCache.from_config(loaded.model.config, tier), 16)
-    cache = materialization_free_cache(loaded.model.config, tier)
+    cache = make_cache(loaded.model.config, tier, materialization_free=True)
     got = _greedy(codec_attention_model, long_prompt, cache, 16)
     assert torch.equal(got, materialized), f"{tier}: materialization-free greedy tokens differ"
     assert all(isinstance(layer, CodedLayer) for layer in cache.layers)
@@ -95,7 +97,7 @@ def test_hybrid_gemma3_sliding_layers_stay_native_under_codec_attention(tiny_gem
     ids = torch.randint(0, 128, (1, 40))
     materialized = _greedy(model, ids, CodecCache.from_config(config, "jpeg-k8-int8"), 24)
     use_codec_attention(model)
-    cache = materialization_free_cache(config, "jpeg-k8-int8")
+    cache = make_cache(config, "jpeg-k8-int8", materialization_free=True)
     assert torch.equal(_greedy(model, ids, cache, 24), materialized)
     assert [i for i, layer in enumerate(cache.layers) if isinstance(layer, CodedLayer)] == [2, 5]
 

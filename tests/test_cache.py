@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from codeckv.cache import CodecCache, CodecLayer, footprint
+from codeckv.cache import CodecCache, footprint
+from codeckv.layers import CodecLayer
 from codeckv.tiers import TIERS
 
 PROMPT = "The history of the printing press begins in"
@@ -134,3 +135,17 @@ def test_reset_empties_the_cache_for_reuse(loaded, prompt_ids):
     cache.reset()
     assert cache.get_seq_length() == 0 and cache.footprint().archive_bytes == 0
     assert torch.equal(_greedy(loaded.model, prompt_ids, cache, 12), first), "a reset cache behaves like a new one"
+
+
+def test_archiving_goes_through_the_kernel_ops(monkeypatch):
+    """A CodecLayer encodes and decodes through kernels.encode / kernels.decode (Triton on CUDA, the codec on CPU)."""
+    import codeckv.layers as layers
+
+    calls = []
+    encode, decode = layers.encode, layers.decode
+    monkeypatch.setattr(layers, "encode", lambda x, codec: calls.append("encode") or encode(x, codec))
+    monkeypatch.setattr(layers, "decode", lambda enc, codec: calls.append("decode") or decode(enc, codec))
+    layer = CodecLayer(TIERS["turbo-4"])
+    layer.update(torch.randn(1, 2, 40, 64), torch.randn(1, 2, 40, 64))
+    layer.flush()
+    assert calls == ["encode", "decode", "encode", "decode"] and layer.archive_k.tokens == 32

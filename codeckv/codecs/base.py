@@ -6,11 +6,13 @@ head_dim — and is a small `@dataclass` whose fields are its parameters:
     enc = codec.encode(x)        # x: (B, H, S, D), S a multiple of codec.block_tokens
     y = codec.decode(enc)        # (B, H, S, D), same dtype as x
     n = codec.nbytes(enc)        # every byte stored: codes, scales, zeros, anchors
+    codec.row_layout()           # how kernels read the stored rows, or why none can (codecs/layout.py)
 
 Layout rule that lets the cache append archives chunk by chunk: every tensor in
 `Encoded.data` has shape (B, H, N, ...) where N is proportional to the number of
 tokens encoded (tokens, blocks, or coefficient rows), so two `Encoded` of the same
-codec concatenate along dim 2 into the `Encoded` of the concatenated tokens.
+codec concatenate along dim 2 into the `Encoded` of the concatenated tokens, and
+`slice_encoded` cuts whole blocks back out.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class Codec(Protocol):
 
     def nbytes(self, enc: Encoded) -> int: ...
 
+    def row_layout(self):
+        """How the kernels read what this codec stores: a RowLayout, or NoRowLayout(reason) (codecs/layout.py)."""
+        ...
+
 
 def check_input(x: torch.Tensor, block_tokens: int, name: str) -> None:
     """Raise a clear ValueError unless x is (B, H, S, D) with S a multiple of block_tokens."""
@@ -69,3 +75,20 @@ def concat_encoded(encs: list[Encoded]) -> Encoded:
     data = {name: torch.cat([e.data[name] for e in encs], dim=2) for name in first.data}
     b, h, _, d = first.shape
     return Encoded(data, (b, h, sum(e.shape[2] for e in encs), d), first.dtype)
+
+
+def slice_encoded(enc: Encoded, start: int, stop: int) -> Encoded:
+    """Tokens [start, stop) of an Encoded, as views: every tensor is sliced proportionally along dim 2.
+
+    start and stop must be multiples of the codec's block_tokens (whole blocks / quantization groups).
+    """
+    b, h, s, d = enc.shape
+    if not 0 <= start <= stop <= s:
+        raise ValueError(f"slice_encoded: tokens [{start}, {stop}) are outside the {s} tokens encoded")
+    data = {}
+    for name, t in enc.data.items():
+        lo, hi = t.shape[2] * start, t.shape[2] * stop
+        if lo % s or hi % s:
+            raise ValueError(f"slice_encoded: tokens [{start}, {stop}) cut a stored row of '{name}'")
+        data[name] = t[:, :, lo // s : hi // s]
+    return Encoded(data, (b, h, stop - start, d), enc.dtype)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from codeckv.codecs.base import Encoded, check_input
+from codeckv.codecs.layout import RawRows, RowLayout
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -43,3 +44,7 @@ class Cast:
 
     def nbytes(self, enc: Encoded) -> int:
         return enc.nbytes
+
+    def row_layout(self) -> RowLayout:
+        """Raw rows under "values", in the storage dtype."""
+        return RowLayout(RawRows("values", DTYPES[self.dtype]))

@@ -25,17 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from codeckv.codecs.base import Codec, Encoded, check_input
+from codeckv.codecs.layout import NoRowLayout, RawRows, RowLayout, dct_basis
 
 PREFIX = "coeffs."
-
-
-def dct_basis(block_size: int, k: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The k lowest rows of the orthonormal DCT-II basis: M (k, block_size) float32."""
-    j = torch.arange(k, dtype=torch.float64)[:, None]
-    n = torch.arange(block_size, dtype=torch.float64)[None, :]
-    basis = torch.cos(math.pi / block_size * (n + 0.5) * j) * math.sqrt(2.0 / block_size)
-    basis[0] = math.sqrt(1.0 / block_size)
-    return basis.to(device=device, dtype=torch.float32)
 
 
 @dataclass(frozen=True)
@@ -100,3 +92,10 @@ class DCT:
     def nbytes(self, enc: Encoded) -> int:
         """Coefficients, or the inner quantizer's codes, scales and zeros."""
         return enc.nbytes
+
+    def row_layout(self) -> RowLayout | NoRowLayout:
+        """k rows per block of block_size tokens: raw coefficients, or the inner codec's rows under "coeffs."."""
+        if self.coeffs is None:
+            return RowLayout(RawRows("coeffs"), block=self.block_size, k=self.k)
+        inner = self.coeffs.row_layout()
+        return inner if isinstance(inner, NoRowLayout) else inner.within(self.block_size, self.k, PREFIX)

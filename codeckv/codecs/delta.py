@@ -26,6 +26,7 @@ import torch
 import zstandard
 
 from codeckv.codecs.base import Encoded, check_input
+from codeckv.codecs.layout import NoRowLayout
 
 BIT_PATTERN = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 ZSTD_LEVEL = 3
@@ -87,6 +88,9 @@ class Delta:
     def nbytes(self, enc: Encoded) -> int:
         """Anchors and deltas: exactly the native bytes of the same tokens."""
         return enc.nbytes
+
+    def row_layout(self) -> NoRowLayout:
+        return NoRowLayout("png stores integer deltas of bit patterns: a token needs the running sum of its block")
 
     def entropy_nbytes(self, enc: Encoded) -> int:
         """What the stored tensors take after byte shuffling + zstandard (the real lossless saving)."""

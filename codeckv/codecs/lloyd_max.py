@@ -38,6 +38,7 @@ import torch
 
 from codeckv.codecs.base import Encoded, check_input
 from codeckv.codecs.bitpack import check_bits, pack_bits, unpack_bits
+from codeckv.codecs.layout import QuantRows, RowLayout
 from codeckv.codecs.quant import check_group, check_row, grouped
 
 SCALE_SEARCH = tuple(round(0.5 + 0.05 * i, 2) for i in range(21))  # 0.5, 0.55, ..., 1.5
@@ -139,3 +140,13 @@ class LloydMaxQuant:
     def nbytes(self, enc: Encoded) -> int:
         """Codes and scales."""
         return enc.nbytes
+
+    def row_layout(self) -> RowLayout:
+        """Rows of codebook indices: x = codebook[code] * scale, no offset."""
+        rows = QuantRows(
+            self.bits, self.group, self.per_channel,
+            levels=tuple(codebook(self.bits).tolist()),
+            thresholds=tuple(thresholds(self.bits).tolist()),
+            scale_multiples=tuple(float(m) for m in self.scales),
+        )
+        return RowLayout(rows, leaf=self)

@@ -26,6 +26,7 @@ import torch
 
 from codeckv.codecs.base import Encoded, check_input
 from codeckv.codecs.bitpack import check_bits, pack_bits, pack_unit, unpack_bits
+from codeckv.codecs.layout import QuantRows, RowLayout
 
 
 def check_group(group: int, name: str) -> None:
@@ -108,3 +109,7 @@ class GroupQuant:
     def nbytes(self, enc: Encoded) -> int:
         """Codes, scales and zeros."""
         return enc.nbytes
+
+    def row_layout(self) -> RowLayout:
+        """Rows of integer codes: x = code * scale + zero."""
+        return RowLayout(QuantRows(self.bits, self.group, self.per_channel, offset="zero"), leaf=self)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from codeckv.codecs.base import Codec, Encoded, check_input
+from codeckv.codecs.layout import NoRowLayout, RowLayout
 from codeckv.codecs.quant import GroupQuant
 
 
@@ -81,3 +82,8 @@ class Rotation:
     def nbytes(self, enc: Encoded) -> int:
         """Exactly the inner codec's tensors; the rotation itself stores nothing."""
         return enc.nbytes
+
+    def row_layout(self) -> RowLayout | NoRowLayout:
+        """The inner codec's rows, rotated by Q."""
+        inner = self.inner.row_layout()
+        return inner if isinstance(inner, NoRowLayout) else inner.rotated(self)

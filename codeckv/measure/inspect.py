@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import DynamicCache
 
-from codeckv.cache import CodecLayer
 from codeckv.codecs.dct import DCT, dct_basis
+from codeckv.layers import CodecLayer
 from codeckv.measure.side_by_side import Prompt, prompt_ids
 from codeckv.models import LoadedModel
-from codeckv.tiers import Tier, get_tier
+from codeckv.tiers import Tier, as_tier
 
 DEFAULT_BLOCK = 8  # DCT block for the spectrum of a tier without a DCT codec
 
@@ -145,7 +145,7 @@ def capture_kv(loaded: LoadedModel, prompt: Prompt) -> KVCapture:
 
 def reconstruct(tier: Tier, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """K, V (H, S, D) through `tier` as the cache stores them -> (K̂, V̂, archived token span [start, end))."""
-    if tier.key is None:
+    if tier.is_native:
         return keys.clone(), values.clone(), (0, 0)
     layer = CodecLayer(tier)
     layer.update(keys[None], values[None])  # (1, H, S, D) prefill, raw
@@ -190,7 +190,7 @@ def layer_errors(capture: KVCapture, tier: Tier) -> list[LayerError]:
     """Relative error, PSNR, cosine, attention-output error and Var(Δ)/Var(X) for every layer."""
     out = []
     for index, (keys, values, kind) in enumerate(zip(capture.keys, capture.values, capture.layer_types)):
-        codec = kind == "full_attention" and tier.key is not None
+        codec = kind == "full_attention" and not tier.is_native
         keys_hat, values_hat, _ = reconstruct(tier, keys, values) if codec else (keys, values, None)
         k, v, k_hat, v_hat = (t.float().cpu() for t in (keys, values, keys_hat, values_hat))
         out.append(
@@ -214,7 +214,7 @@ def layer_errors(capture: KVCapture, tier: Tier) -> list[LayerError]:
 
 def inspect_capture(capture: KVCapture, tier: Tier | str, layer: int = 0, head: int = 0) -> Inspection:
     """Heatmaps of (layer, head), spectra and per-layer errors of `tier` on a capture."""
-    tier = get_tier(tier) if isinstance(tier, str) else tier
+    tier = as_tier(tier)
     layers, heads = len(capture.keys), capture.keys[0].shape[0]
     if not (0 <= layer < layers and 0 <= head < heads):
         raise ValueError(f"layer={layer}, head={head} out of range (layers 0..{layers - 1}, heads 0..{heads - 1})")

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from codeckv.attention import use_codec_attention
-from codeckv.cache import CodecCache
+from codeckv.cache import make_cache
 from codeckv.measure.corpus import corpus_windows
 from codeckv.models import LoadedModel
 
@@ -34,11 +33,10 @@ class MemoryRow:
 def memory_table(loaded: LoadedModel, tiers: list[str], context: int = 4096, decode_steps: int = 16) -> list[MemoryRow]:
     """Footprint of each tier in both modes after a `context`-token prefill and `decode_steps` decode steps."""
     ids = corpus_windows(loaded.tokenizer, 1, context + decode_steps)[0].to(loaded.model.device)
-    use_codec_attention(loaded.model)  # plain SDPA for the materialized cache, stored codes for the other
     rows = []
     for tier in tiers:
         for free in (False, True):
-            cache = CodecCache.from_config(loaded.model.config, tier, materialization_free=free)
+            cache = make_cache(loaded.model.config, tier, materialization_free=free)
             loaded.model(ids[None, :context], cache=cache)
             for t in range(context, context + decode_steps):
                 loaded.model(ids[None, t : t + 1], cache=cache)

@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from transformers import DynamicCache
-
-from codeckv.cache import CodecCache, CodecLayer, footprint
+from codeckv.cache import footprint, make_cache
+from codeckv.layers import CodecLayer
 from codeckv.measure.corpus import corpus_windows
 from codeckv.measure.nll import decode_nll, delta_percent
 from codeckv.models import LoadedModel
-from codeckv.tiers import Tier, get_tier
+from codeckv.tiers import Tier, as_tier, get_tier
 
 
 @dataclass
@@ -45,28 +44,28 @@ def quality_table(
     """Measure native first, then each tier, on the first `windows` corpus windows of `length` tokens."""
     data = corpus_windows(loaded.tokenizer, windows, length + 1)  # + the last target
     config = loaded.model.config
-    tiers = [get_tier(t) if isinstance(t, str) else t for t in tiers]
-    if not any(t.key is None for t in tiers):
+    tiers = [as_tier(t) for t in tiers]
+    if not any(t.is_native for t in tiers):
         tiers = [get_tier("native"), *tiers]
     rows, native_nll = [], None
     for tier in tiers:
         caches = []
 
-        def make_cache(tier=tier, caches=caches):
-            cache = DynamicCache(config=config) if tier.key is None else CodecCache.from_config(config, tier)
+        def fresh_cache(tier=tier, caches=caches):
+            cache = make_cache(config, tier)
             caches.append(cache)
             return cache
 
         nlls, archive, bf16, entropy = [], 0, 0, 0
         for index, window in enumerate(data):
-            nlls.append(decode_nll(loaded.model, window, make_cache).mean)
+            nlls.append(decode_nll(loaded.model, window, fresh_cache).mean)
             fp = footprint(caches[-1])
             archive, bf16 = archive + fp.archive_bytes, bf16 + fp.bf16_bytes
             entropy += entropy_coded_bytes(caches[-1]) or 0
             if progress:
                 progress(f"{tier.name}: window {index + 1}/{windows} done")
         nll = sum(nlls) / len(nlls)
-        native_nll = nll if tier.key is None else native_nll
+        native_nll = nll if tier.is_native else native_nll
         rows.append(
             QualityRow(
                 tier=tier.name,

@@ -24,14 +24,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-from transformers import Cache, DynamicCache
 
-from codeckv.attention import use_codec_attention
-from codeckv.cache import CodecCache, footprint
+from codeckv.cache import CodecCache, footprint, make_cache
 from codeckv.generate import chat_input_ids, greedy_stream, stop_token_ids
 from codeckv.measure.nll import decode_nll, delta_percent
 from codeckv.models import LoadedModel
-from codeckv.tiers import Tier, get_tier
+from codeckv.tiers import Tier, as_tier, get_tier
 
 NATIVE = "native"  # label of the reference run
 Prompt = str | list[dict] | torch.Tensor  # raw text, chat messages [{"role": ..., "content": ...}], or (1, T) ids
@@ -166,39 +164,30 @@ def prompt_ids(loaded: LoadedModel, prompt: Prompt, max_new_tokens: int = 0) -> 
     return ids
 
 
-def make_cache(loaded: LoadedModel, tier: Tier) -> Cache:
-    """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache.
-
-    A materialization-free tier also routes the model's attention through codeckv.attention (which
-    leaves every other cache on plain SDPA).
-    """
-    config = loaded.model.config
-    if tier.materialization_free:
-        use_codec_attention(loaded.model)
-    return DynamicCache(config=config) if tier.key is None else CodecCache.from_config(config, tier)
-
-
 def stream_side_by_side(
-    loaded: LoadedModel, prompt: Prompt, tier: Tier | str, max_new_tokens: int = 64, stop_at_eos: bool = True
+    loaded: LoadedModel, prompt: Prompt, tier: Tier | str, max_new_tokens: int = 64, stop_at_eos: bool = True,
+    materialization_free: bool = False,
 ) -> Iterator[Update]:
     """Native vs one tier, token by token; the final update carries `result` (a Comparison)."""
-    return stream_runs(loaded, prompt, [tier], max_new_tokens, stop_at_eos)
+    return stream_runs(loaded, prompt, [tier], max_new_tokens, stop_at_eos, materialization_free)
 
 
 def run_side_by_side(
-    loaded: LoadedModel, prompt: Prompt, tier: Tier | str, max_new_tokens: int = 64, stop_at_eos: bool = True
+    loaded: LoadedModel, prompt: Prompt, tier: Tier | str, max_new_tokens: int = 64, stop_at_eos: bool = True,
+    materialization_free: bool = False,
 ) -> Comparison:
     """stream_side_by_side, consumed: the Comparison only."""
-    last = deque(stream_side_by_side(loaded, prompt, tier, max_new_tokens, stop_at_eos), maxlen=1)[0]
-    return last.result
+    updates = stream_side_by_side(loaded, prompt, tier, max_new_tokens, stop_at_eos, materialization_free)
+    return deque(updates, maxlen=1)[0].result
 
 
 class _Run:
     """One greedy run in progress: its cache, its token stream and what it produced."""
 
-    def __init__(self, loaded: LoadedModel, label: str, tier: Tier, ids: torch.Tensor, max_new: int, stop_ids):
-        self.label, self.tier = label, tier
-        self.cache = make_cache(loaded, tier)
+    def __init__(self, loaded: LoadedModel, label: str, tier: Tier, ids: torch.Tensor, max_new: int, stop_ids,
+                 materialization_free: bool = False):
+        self.label, self.tier, self.materialization_free = label, tier, materialization_free
+        self.cache = make_cache(loaded.model.config, tier, materialization_free)
         self.stream = greedy_stream(loaded.model, ids, self.cache, max_new, stop_ids)
         self.max_new, self.stop_ids = max_new, stop_ids
         self.token_ids: list[int] = []
@@ -255,20 +244,23 @@ def stream_runs(
     tiers: list[Tier | str],
     max_new_tokens: int = 64,
     stop_at_eos: bool = True,
+    materialization_free: bool = False,
 ) -> Iterator[Update]:
     """Native and every tier generate in turns, one token each; then each is scored; the last update has results.
 
     A native tier in `tiers` runs as a second native cache: its latency ratio shows the timing noise.
+    materialization_free: the codec caches keep no decoded view (attention reads the stored codes).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    tiers = [get_tier(t) if isinstance(t, str) else t for t in tiers]
+    tiers = [as_tier(t) for t in tiers]
     ids = prompt_ids(loaded, prompt, max_new_tokens)  # (1, T)
     stop_ids = stop_token_ids(loaded.tokenizer, loaded.model) if stop_at_eos else frozenset()
     device = loaded.model.device
     labels = _labels(tiers)
     runs = [_Run(loaded, NATIVE, get_tier(NATIVE), ids, max_new_tokens, stop_ids)]
-    runs += [_Run(loaded, label, tier, ids, max_new_tokens, stop_ids) for label, tier in zip(labels, tiers)]
+    runs += [_Run(loaded, label, tier, ids, max_new_tokens, stop_ids, materialization_free)
+             for label, tier in zip(labels, tiers)]
     total = 2 * len(runs) * max_new_tokens  # generation forwards + teacher-forced forwards (upper bound)
     done = 0
 
@@ -287,7 +279,7 @@ def stream_runs(
     panels = _panels(loaded, runs)
     nlls = {}
     for run in runs:
-        nlls[run.label] = _turn_nll(loaded, window, ids.shape[1], run.tier)
+        nlls[run.label] = _turn_nll(loaded, window, ids.shape[1], run.tier, run.materialization_free)
         done += max_new_tokens
         yield Update(panels, "scoring", (done, total))
 
@@ -318,11 +310,12 @@ def _text(loaded: LoadedModel, token_ids: list[int]) -> str:
     return loaded.tokenizer.decode(token_ids, skip_special_tokens=True)
 
 
-def _turn_nll(loaded: LoadedModel, window: torch.Tensor, prompt_len: int, tier: Tier) -> torch.Tensor:
+def _turn_nll(loaded: LoadedModel, window: torch.Tensor, prompt_len: int, tier: Tier, free: bool) -> torch.Tensor:
     """(n - 1,) per-token NLL of the native continuation after the prompt; empty if it has < 2 tokens."""
     if window.shape[0] - prompt_len < 2:
         return torch.empty(0)
-    return decode_nll(loaded.model, window, lambda: make_cache(loaded, tier), prefix=prompt_len).token_nll
+    fresh = lambda: make_cache(loaded.model.config, tier, free)  # noqa: E731
+    return decode_nll(loaded.model, window, fresh, prefix=prompt_len).token_nll
 
 
 def _compare(

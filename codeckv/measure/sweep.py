@@ -20,7 +20,7 @@ import torch
 from codeckv.measure.inspect import capture_kv, layer_errors
 from codeckv.measure.side_by_side import Comparison, Prompt, RunStats, prompt_ids, stream_runs
 from codeckv.models import LoadedModel
-from codeckv.tiers import TIERS, Tier, get_tier
+from codeckv.tiers import TIERS, Tier, as_tier
 
 Progress = Callable[[int, int, str], None]  # (done, total, message), e.g. a tqdm bar or gr.Progress
 
@@ -64,7 +64,7 @@ def sweep(
     progress: Progress | None = None,
 ) -> Sweep:
     """Run native once and every tier beside it on `prompt`; one SweepRow per tier, in the order given."""
-    tiers = [get_tier(t) if isinstance(t, str) else t for t in (tiers or list(TIERS))]
+    tiers = [as_tier(t) for t in (tiers or list(TIERS))]
     update = None
     for update in stream_runs(loaded, prompt, tiers, max_new_tokens, stop_at_eos):
         done, total = update.progress

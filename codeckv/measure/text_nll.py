@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
+from codeckv.cache import make_cache
 from codeckv.measure.corpus import corpus_windows
 from codeckv.measure.nll import NLLResult, decode_nll, delta_percent
-from codeckv.measure.side_by_side import make_cache
 from codeckv.models import LoadedModel
-from codeckv.tiers import Tier, get_tier
+from codeckv.tiers import Tier, as_tier, get_tier
 
 
 @dataclass
@@ -65,11 +65,11 @@ def compare_nll(
     loaded: LoadedModel, tier: Tier | str, text: str | None = None, windows: int = 1, length: int = 256
 ) -> NLLComparison:
     """Decode NLL of `text` (or of the corpus) through a native cache and through `tier`'s cache."""
-    tier = get_tier(tier) if isinstance(tier, str) else tier
+    tier = as_tier(tier)
     data = text_windows(loaded, text, windows, length)  # (W, T)
     runs = {}
     for side, side_tier in (("native", get_tier("native")), ("codec", tier)):
-        results = [decode_nll(loaded.model, w, lambda t=side_tier: make_cache(loaded, t)) for w in data]
+        results = [decode_nll(loaded.model, w, lambda t=side_tier: make_cache(loaded.model.config, t)) for w in data]
         runs[side] = NLLResult(torch.cat([r.token_nll for r in results]), torch.cat([r.targets for r in results]))
     tokens = [loaded.tokenizer.decode([t]) for t in runs["native"].targets.tolist()]
     return NLLComparison(tier.name, "corpus" if text is None else "text", runs["native"], runs["codec"], tokens)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from codeckv.cache import steady_state_ratio
 from codeckv.codecs import DCT, GroupQuant, LloydMaxQuant, Rotation
-from codeckv.tiers import TIERS, Tier, bytes_ratio, custom_tier, get_tier
+from codeckv.layers import CodecLayer
+from codeckv.tiers import TIERS, Tier, as_tier, custom_tier, get_tier
 
 OUTLIER_CHANNELS = [3, 17, 40]
 
@@ -54,7 +56,13 @@ def test_get_tier_lists_names() -> None:
     assert all(name in str(info.value) for name in TIERS)
 
 
-BYTE_TARGETS = [  # (tier, head_dim, max ratio vs bf16, metadata included)
+def test_as_tier_takes_tiers_and_names() -> None:
+    assert as_tier("turbo-4") is TIERS["turbo-4"] and as_tier(TIERS["png"]) is TIERS["png"]
+    with pytest.raises(ValueError, match="neither a Tier nor a tier name"):
+        as_tier(4)
+
+
+BYTE_TARGETS = [  # (tier, head_dim, max steady-state ratio vs bf16, metadata included)
     ("native", 64, 1.0),
     ("png", 64, 1.0),
     ("jpeg-k8-int8", 64, 0.55),
@@ -71,29 +79,30 @@ BYTE_TARGETS = [  # (tier, head_dim, max ratio vs bf16, metadata included)
 
 @pytest.mark.parametrize("name, head_dim, target", BYTE_TARGETS)
 def test_byte_targets(name: str, head_dim: int, target: float) -> None:
-    ratio = bytes_ratio(TIERS[name], head_dim)
+    ratio = steady_state_ratio(TIERS[name], head_dim)
     assert ratio <= target, f"{name}: {ratio:.3f} of bf16 at head_dim {head_dim} > target {target}"
-    fp32_ratio = bytes_ratio(TIERS[name], head_dim, seq_len=1024, dtype=torch.float32)
-    assert fp32_ratio <= 2 * target, f"{name}: {fp32_ratio:.3f} of bf16 for an fp32 model"
 
 
-RATIOS = [  # (tier, seq_len, dtype, expected ratio vs bf16)
-    (Tier("n", "native"), 100, torch.float32, 2.0),
-    (Tier("k", "int8 keys only", key=GroupQuant(bits=8, group=64)), 64, torch.bfloat16, (8.5 / 16 + 1) / 2),
-    # Keys: 4 sinks + 12 recent raw in fp32 (16 * 64 * 4 B); 48 tokens archived: codes 48 * 64 B,
-    # scale and zero (3, 64) fp16 each. Values native fp32. Reference: 2 * 64 * 64 * 2 B of bf16.
-    (
-        Tier("w", "windows", key=GroupQuant(bits=8, group=16, per_channel=True), keep_first=4, keep_recent=12),
-        64,
-        torch.float32,
-        (16 * 64 * 4 + 48 * 64 + 2 * 3 * 64 * 2 + 64 * 64 * 4) / (2 * 64 * 64 * 2),
-    ),
-]
+def test_steady_state_counts_the_archive_unit_and_metadata() -> None:
+    # int8 per token, group 32: per token 64 codes + 2 groups x (scale, zero) fp16, K and V; unit 8 tokens.
+    assert steady_state_ratio("int8", 64) == pytest.approx((64 + 2 * 2 * 2) / (64 * 2))
+    assert steady_state_ratio("native", 64) == 1.0
 
 
-@pytest.mark.parametrize("tier, seq_len, dtype, expected", RATIOS)
-def test_bytes_ratio_counts_raw_tokens(tier: Tier, seq_len: int, dtype: torch.dtype, expected: float) -> None:
-    assert bytes_ratio(tier, 64, seq_len, dtype) == pytest.approx(expected)
+def test_footprint_counts_raw_tokens_and_says_which() -> None:
+    # 4 sinks + 12 recent raw in fp32; 48 tokens archived per channel in groups of 16 (unit 16):
+    # codes 48 x 64 B, scale and zero (3, 64) fp16 each, for K and for V. Reference: 2 x 64 x 64 x 2 B.
+    quant = GroupQuant(bits=8, group=16, per_channel=True)
+    layer = CodecLayer(Tier("w", "windows", key=quant, value=quant, keep_first=4, keep_recent=12))
+    x = torch.randn(1, 1, 64, 64)
+    layer.update(x, x.clone())
+    fp = layer.footprint(0)
+    codes = 2 * (48 * 64 + 2 * 3 * 64 * 2)
+    assert (fp.archived_tokens, fp.sink_tokens, fp.window_tokens, fp.tail_tokens) == (48, 4, 12, 0)
+    assert fp.code_bytes == codes
+    assert fp.archive_bytes == codes + 16 * 2 * 64 * 4
+    assert fp.bf16_bytes == 2 * 64 * 64 * 2
+    assert fp.archived_bf16_bytes == 2 * 48 * 64 * 2
 
 
 CUSTOM = [  # (custom_tier kwargs, expected key codec, expected value codec)

@@ -1,198 +1,18 @@
-"""Stored codes as the kernels read them: a codec's `Layout`, and the Triton device helpers the ops share.
+"""Triton device helpers and launcher helpers shared by the kernels (the rows' format: kernels/layout.py).
 
-Every codec the kernels handle stores its tokens as rows (codecs/*.py document the tensors):
-
-    x[block * r + n] = (sum_j M[j, n] * row[block * k + j]) @ Q.T       token n of a block of r tokens
-
-    M (k, r)   DCT synthesis basis (DCT codecs); the 1x1 identity otherwise (r = k = 1, a row is a token)
-    Q (D, D)   the Rotation's orthonormal matrix; the identity when there is no rotation
-    row        a leaf quantizer's dequantized row: level[code] * scale (+ offset), or a raw row (DCT's
-               own `coeffs` in x.dtype, or a Cast leaf's `values` in its storage dtype)
-
-Attention never needs x itself: q . x[p] = ((q Q) . row) weighted by M, so scores and outputs are
-computed on the rows (the coefficient / rotated domain), see decode_attention.py.
-
-Leaf quantizers (GroupQuant, LloydMaxQuant) share one dequantization rule, x = level[code] * scale (+ zero):
-
-    GroupQuant      level = code (0 .. 2**bits - 1)   + zero (fp16)
-    LloydMaxQuant   level = codebook(bits)[code]      no offset
-
-with `scale`/offset per token (D/group per row) or per channel (one per `group` rows), codes packed
-LSB-first along head_dim (codecs/bitpack.py).
+Leaf quantizers share one dequantization rule, row = level[code] * scale (+ offset), with `scale` /
+offset per token (D/group per row) or per channel (one per `group` rows), codes packed LSB-first
+along head_dim (codecs/bitpack.py); the constexpr arguments `quant_meta` builds select the variant.
 """
 
 from __future__ import annotations
-
-import functools
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from codeckv.codecs.base import Codec, Encoded
-from codeckv.codecs.bitpack import pack_unit
-from codeckv.codecs.cast import DTYPES, Cast
-from codeckv.codecs.dct import DCT, dct_basis
-from codeckv.codecs.lloyd_max import LloydMaxQuant, codebook, thresholds
-from codeckv.codecs.quant import GroupQuant
-from codeckv.codecs.rotation import Rotation
-
-COEFFS_PREFIX = "coeffs."  # DCT stores its inner quantizer's tensors under this prefix (codecs/dct.py)
-
-
-# Small float32 tables are built once per device: a decode step must not copy them host -> device.
-
-
-@functools.cache
-def synthesis_basis(block: int, k: int, device: torch.device) -> torch.Tensor:
-    """M (k, block) float32: the DCT-II synthesis basis; [[1.]] for block = k = 1 (a row is a token)."""
-    return dct_basis(block, k, device)
-
-
-@functools.cache
-def _levels(bits: int, lloyd_max: bool, device: torch.device) -> torch.Tensor:
-    return codebook(bits, device) if lloyd_max else torch.arange(1 << bits, dtype=torch.float32, device=device)
-
-
-@functools.cache
-def _thresholds(bits: int, device: torch.device) -> torch.Tensor:
-    return thresholds(bits, device)
-
-
-@functools.cache
-def _rotation(rotation: Rotation, head_dim: int, device: torch.device) -> torch.Tensor:
-    return rotation.matrix(head_dim, device)
-
-
-def slice_encoded(enc: Encoded, start: int, stop: int) -> Encoded:
-    """Tokens [start, stop) of an archive, as views: every tensor is sliced proportionally along dim 2.
-
-    start and stop must be multiples of the codec's block_tokens (whole blocks / quantization groups).
-    """
-    b, h, s, d = enc.shape
-    if not 0 <= start <= stop <= s:
-        raise ValueError(f"slice_encoded: tokens [{start}, {stop}) are outside the archive's {s} tokens")
-    data = {}
-    for name, t in enc.data.items():
-        lo, hi = t.shape[2] * start, t.shape[2] * stop
-        if lo % s or hi % s:
-            raise ValueError(f"slice_encoded: tokens [{start}, {stop}) cut a stored row of '{name}'")
-        data[name] = t[:, :, lo // s : hi // s]
-    return Encoded(data, (b, h, stop - start, d), enc.dtype)
-
-
-@dataclass(frozen=True)
-class QuantSpec:
-    """How a leaf quantizer's rows dequantize (see the module docstring)."""
-
-    bits: int
-    group: int
-    per_channel: bool
-    lloyd_max: bool  # levels from the Lloyd-Max codebook, else the integer code
-    offset: str | None  # "zero" (GroupQuant) or None (LloydMaxQuant): the stored tensor added after scaling
-
-    @staticmethod
-    def of(codec: Codec | None) -> QuantSpec | None:
-        """The spec of a GroupQuant / LloydMaxQuant, None for anything else."""
-        if isinstance(codec, GroupQuant):
-            return QuantSpec(codec.bits, codec.group, codec.per_channel, False, "zero")
-        if isinstance(codec, LloydMaxQuant):
-            return QuantSpec(codec.bits, codec.group, codec.per_channel, True, None)
-        return None
-
-    def levels(self, device: torch.device | str) -> torch.Tensor:
-        """level[code]: (2**bits,) float32."""
-        return _levels(self.bits, self.lloyd_max, torch.device(device))
-
-    def thresholds(self, device: torch.device | str) -> torch.Tensor:
-        """Decision thresholds between Lloyd-Max levels (2**bits - 1,) float32 (encode only)."""
-        return _thresholds(self.bits, torch.device(device))
-
-    def packs(self, head_dim: int) -> bool:
-        """True when the Triton encoders can pack this layout: every packing unit lies in one group."""
-        width = head_dim if self.per_channel else self.group
-        return width % pack_unit(self.bits)[0] == 0
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A codec read as rows: x[block*r + n] = (sum_j M[j, n] row[block*k + j]) @ Q.T (module docstring)."""
-
-    block: int  # r: tokens per block (1 without DCT)
-    k: int  # stored rows per block (1 without DCT)
-    rotation: Rotation | None  # Q, or None for the identity
-    leaf: Codec | None  # decodes the rows (a quantizer, Cast, Delta, ...); None: rows stored raw under "coeffs"
-    prefix: str  # name prefix of the leaf's tensors in Encoded.data
-
-    @staticmethod
-    def of(codec: Codec) -> Layout:
-        """Split any codec into DCT synthesis, rotation and leaf (unknown codecs become a leaf of r = k = 1)."""
-        if isinstance(codec, DCT):
-            if codec.coeffs is None:
-                return Layout(codec.block_size, codec.k, None, None, "")
-            inner, block, k, prefix = codec.coeffs, codec.block_size, codec.k, COEFFS_PREFIX
-        else:
-            inner, block, k, prefix = codec, 1, 1, ""
-        if isinstance(inner, Rotation):
-            return Layout(block, k, inner, inner.inner, prefix)
-        return Layout(block, k, None, inner, prefix)
-
-    @property
-    def quant(self) -> QuantSpec | None:
-        return QuantSpec.of(self.leaf)
-
-    @property
-    def raw_name(self) -> str | None:
-        """The stored tensor holding raw rows: DCT's own "coeffs", a Cast leaf's "values"; None when quantized."""
-        if self.leaf is None:
-            return "coeffs"
-        if isinstance(self.leaf, Cast):
-            return self.prefix + "values"
-        return None
-
-    def raw_dtype(self, x_dtype: torch.dtype) -> torch.dtype:
-        """The dtype raw rows are stored in (a Cast leaf's dtype, else the tokens' dtype)."""
-        return DTYPES[self.leaf.dtype] if isinstance(self.leaf, Cast) else x_dtype
-
-    @property
-    def kernel_ready(self) -> bool:
-        """True when the Triton kernels read these rows (raw rows, or a GroupQuant / LloydMaxQuant leaf)."""
-        return self.raw_name is not None or self.quant is not None
-
-    def basis(self, device: torch.device | str) -> torch.Tensor:
-        """M (k, r) float32: the DCT synthesis basis, or [[1.]]."""
-        return synthesis_basis(self.block, self.k, torch.device(device))
-
-    def matrix(self, head_dim: int, device: torch.device | str) -> torch.Tensor | None:
-        """Q (D, D) float32, or None without rotation."""
-        if self.rotation is None:
-            return None
-        return _rotation(self.rotation, head_dim, torch.device(device))
-
-    def rows(self, enc: Encoded, start: int, stop: int) -> torch.Tensor:
-        """Dequantized rows of tokens [start, stop) (block-aligned): (B, H, (stop-start)*k/r, D) float32.
-
-        The rows are in the stored domain (DCT coefficients, rotated coordinates): decoded by the leaf
-        codec itself on a slice of the archive, so the format has a single source of truth.
-        """
-        part = slice_encoded(enc, start, stop)
-        b, h, s, d = part.shape
-        n_rows = s // self.block * self.k
-        if self.leaf is None:
-            return part.data["coeffs"].float()
-        data = {name[len(self.prefix) :]: t for name, t in part.data.items()}
-        return self.leaf.decode(Encoded(data, (b, h, n_rows, d), torch.float32)).float()
-
-    def tensors(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(rows or codes, scale, offset) as the kernels read them; scale/offset None for raw rows."""
-        if self.raw_name is not None:
-            return enc.data[self.raw_name], None, None
-        spec = self.quant
-        if spec is None:
-            raise ValueError(f"the Triton kernels cannot read rows stored by {self.leaf!r}")
-        offset = enc.data[self.prefix + spec.offset] if spec.offset else None
-        return enc.data[self.prefix + "codes"], enc.data[self.prefix + "scale"], offset
+from codeckv.codecs.layout import QuantRows
+from kernels.layout import levels, scale_multiples, thresholds
 
 
 def row_strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -207,7 +27,7 @@ def pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
-def quant_meta(spec: QuantSpec | None, prefix: str) -> dict[str, int | bool]:
+def quant_meta(spec: QuantRows | None, prefix: str) -> dict[str, int | bool]:
     """Constexpr kernel arguments of a row stream: {prefix}RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD."""
     if spec is None:
         return {f"{prefix}RAW": True, f"{prefix}BITS": 8, f"{prefix}GROUP": 1, f"{prefix}PER_CHANNEL": False,
@@ -385,29 +205,28 @@ def rotation_slab_width(head_dim: int) -> int:
 # Launcher helpers shared by the encoders
 
 
-def quant_outputs(spec: QuantSpec, shape: tuple[int, int, int, int], device: torch.device, prefix: str = ""):
+def quant_outputs(spec: QuantRows, shape: tuple[int, int, int, int], device: torch.device, prefix: str = ""):
     """Empty (codes, scale, offset) for `shape` = (B, H, N, D) rows, and the Encoded.data dict holding them."""
     b, h, n, d = shape
     codes = torch.empty((b, h, n, d * spec.bits // 8), dtype=torch.uint8, device=device)
     stat_shape = (b, h, n // spec.group, d) if spec.per_channel else (b, h, n, d // spec.group)
     scale = torch.empty(stat_shape, dtype=torch.float16, device=device)
     offset = torch.empty(stat_shape, dtype=torch.float16, device=device) if spec.offset else None
-    data = {prefix + "codes": codes, prefix + "scale": scale}
+    data = {prefix + spec.codes: codes, prefix + spec.scale: scale}
     if offset is not None:
         data[prefix + spec.offset] = offset
     return codes, scale, offset, data
 
 
-def encoder_inputs(spec: QuantSpec, leaf: Codec, device: torch.device) -> tuple[torch.Tensor, ...]:
+def encoder_inputs(spec: QuantRows, device: torch.device) -> tuple[torch.Tensor, ...]:
     """(levels, thresholds, scale multiples) float32 tensors the Lloyd-Max encoder reads (dummies otherwise)."""
     if not spec.lloyd_max:
         dummy = torch.zeros(1, dtype=torch.float32, device=device)
         return dummy, dummy, dummy
-    mults = torch.tensor(leaf.scales, dtype=torch.float32, device=device)
-    return spec.levels(device), spec.thresholds(device), mults
+    return levels(spec, device), thresholds(spec, device), scale_multiples(spec, device)
 
 
-def tile_layout(spec: QuantSpec | None, head_dim: int) -> dict[str, int]:
+def tile_layout(spec: QuantRows | None, head_dim: int) -> dict[str, int]:
     """Channel tiling of a row: NG groups of GW channels (per token), or one group of D (per channel / raw)."""
     width = spec.group if spec is not None and not spec.per_channel else head_dim
     groups = head_dim // width

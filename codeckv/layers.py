@@ -1,0 +1,355 @@
+"""The Cache layers of a CodecCache: CodecLayer (a memoized decoded view) and CodedLayer (no view at all).
+
+Both hold a full-attention layer's tokens in the same order and archive them at the same moments:
+
+    [ keep_first sinks | archived blocks (codec) | raw tail: incomplete block + keep_recent window ]
+      full precision     encoded once, never         full precision
+                         rewritten (causal safety)
+
+Each forward attends its own new tokens at full precision (as a real prefill does); at the start of
+the next update every complete unit of tokens that left the recent window is encoded and appended to
+the archive. A unit is lcm(key block, value block, MIN_ARCHIVE_TOKENS) tokens.
+
+- CodecLayer decodes each archived unit once into a preallocated, capacity-doubling view that
+  attention reads, so a decode step costs O(one block): no full-length copy or re-decode per step.
+- CodedLayer keeps no view: its update() returns shape-only "meta" tensors tagged with the layer and
+  codeckv.attention runs kernels.decode_attention on its segments (the stored codes, the raw tokens).
+
+Encoding and decoding go through kernels.encode / kernels.decode: the Triton kernels on CUDA when the
+codec's row layout allows, the codec's own torch code elsewhere. Buffers are inference-mode tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from codeckv.archive import Archive
+from codeckv.codecs.base import slice_encoded
+from codeckv.footprint import LayerFootprint
+from codeckv.tiers import Tier
+from kernels.ops import Coded, Raw, Segment, decode, decode_attention, encode
+
+MIN_ARCHIVE_TOKENS = 8
+TAG = "codeckv_layer"  # attribute of the meta tensors a CodedLayer returns (codeckv.attention reads it)
+
+
+class CodecLayer(DynamicLayer):
+    """One full-attention layer whose KV goes through `tier`'s key and value codecs."""
+
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, tier: Tier) -> None:
+        super().__init__()
+        if tier.key is None or tier.value is None:
+            raise ValueError(f"tier '{tier.name}' does not encode both keys and values; native layers use "
+                             "transformers' DynamicLayer")
+        self.tier = tier
+        # Tokens archived at a time: whole codec blocks, and at least MIN_ARCHIVE_TOKENS so that per-token
+        # codecs (int8) encode once per 8 steps instead of paying an encode/decode call on every step.
+        self.unit = math.lcm(tier.key.block_tokens, tier.value.block_tokens, MIN_ARCHIVE_TOKENS)
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self.length = 0  # tokens held
+        self.archived_upto = self.tier.keep_first  # tokens [keep_first, archived_upto) are archived
+        self.archive_k, self.archive_v = Archive(), Archive()
+        self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
+        self._view_v: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.is_initialized = True
+
+    @torch.inference_mode()
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Archive what became archivable, append the new (B, H, T, D) states raw, return the (B, H, S, D) views."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.flush()
+        new = key_states.shape[2]
+        self._ensure_capacity(key_states, self.length + new)
+        self._view_k[:, :, self.length : self.length + new] = key_states
+        self._view_v[:, :, self.length : self.length + new] = value_states
+        self.length += new
+        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+        return self.keys, self.values
+
+    @torch.inference_mode()
+    def flush(self) -> None:
+        """Encode every complete block that is neither a sink nor in the recent window, then decode it into the view."""
+        count = self._archivable()
+        if count <= 0:
+            return
+        span = slice(self.archived_upto, self.archived_upto + count)
+        for codec, archive, view in (
+            (self.tier.key, self.archive_k, self._view_k),
+            (self.tier.value, self.archive_v, self._view_v),
+        ):
+            encoded = encode(view[:, :, span], codec)
+            archive.append(encoded)
+            view[:, :, span] = decode(encoded, codec)
+        self.archived_upto += count
+
+    def _archivable(self) -> int:
+        """Tokens to archive now: whole units after the archive that are neither sinks nor in the recent window."""
+        end = self.length - self.tier.keep_recent
+        return max((end - self.archived_upto) // self.unit * self.unit, 0)
+
+    def _shorten(self, tokens_to_remove: int) -> bool:
+        """Validate a crop (5.24: a negative count) and shorten `length`; False when there is nothing to do."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove")
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return False
+        self.length = max(self.length + tokens_to_remove, 0)
+        return True
+
+    def _archived_after_crop(self) -> int:
+        """Archived tokens that stay after a crop: the whole units before the new end."""
+        return max(self.length - self.tier.keep_first, 0) // self.unit * self.unit
+
+    def _ensure_capacity(self, like: torch.Tensor, needed: int) -> None:
+        capacity = 0 if self._view_k is None else self._view_k.shape[2]
+        if needed <= capacity:
+            return
+        capacity = max(needed, 2 * capacity, 64)
+        b, h, _, d = like.shape
+        grown_k = like.new_empty((b, h, capacity, d))
+        grown_v = like.new_empty((b, h, capacity, self._head_dim_v(like)))
+        if self._view_k is not None:
+            grown_k[:, :, : self.length] = self._view_k[:, :, : self.length]
+            grown_v[:, :, : self.length] = self._view_v[:, :, : self.length]
+        self._view_k, self._view_v = grown_k, grown_v
+
+    def _head_dim_v(self, like: torch.Tensor) -> int:
+        return like.shape[3] if self._view_v is None else self._view_v.shape[3]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.is_initialized = False
+        self._reset_state()
+
+    @torch.inference_mode()
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last -tokens_to_remove tokens (transformers 5.24: a negative count).
+
+        Archived blocks past the new end are dropped; tokens of a partly cropped block return to the raw
+        tail with their decoded values (exact for lossless tiers) and are archived again once complete.
+        """
+        if not self._shorten(tokens_to_remove):
+            return
+        kept = self._archived_after_crop()
+        if self.tier.keep_first + kept < self.archived_upto:
+            self.archived_upto = self.tier.keep_first + kept
+            self.archive_k.truncate(kept)
+            self.archive_v.truncate(kept)
+        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+    @torch.inference_mode()
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._view_k is None:
+            return
+        indices = indices.to(self._view_k.device)
+        self._view_k, self._view_v = self._view_k.index_select(0, indices), self._view_v.index_select(0, indices)
+        self.archive_k.select_batch(indices)
+        self.archive_v.select_batch(indices)
+        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+
+    @torch.inference_mode()
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self._view_k is None:
+            return
+        self._view_k = self._view_k.repeat_interleave(repeats, dim=0)
+        self._view_v = self._view_v.repeat_interleave(repeats, dim=0)
+        self.archive_k.repeat_batch(repeats)
+        self.archive_v.repeat_batch(repeats)
+        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+
+    def footprint(self, layer: int) -> LayerFootprint:
+        """Bytes for the tokens held, after archiving whatever is archivable (design.md definitions)."""
+        if self._view_k is None:
+            return LayerFootprint(layer, "codec", True, 0, 0, 0, 0)
+        self.flush()
+        view = (self._view_k.numel() + self._view_v.numel()) * self._view_k.element_size()
+        b, h, _, d = self._view_k.shape
+        return self._footprint(layer, b * h * (d + self._view_v.shape[3]), self._view_k.element_size(), view)
+
+    def _footprint(self, layer: int, values_per_token: int, element_size: int, view_bytes: int) -> LayerFootprint:
+        """The layer's LayerFootprint: raw tokens at `element_size`, archive as stored, plus `view_bytes`."""
+        codes = self.archive_k.nbytes + self.archive_v.nbytes
+        archived = self.archive_k.tokens
+        sinks = min(self.length, self.tier.keep_first)
+        after_archive = max(self.length - self.archived_upto, 0)
+        window = min(self.tier.keep_recent, after_archive)
+        raw_bytes = (self.length - archived) * values_per_token * element_size
+        resident = self.archive_k.allocated_bytes + self.archive_v.allocated_bytes + view_bytes
+        return LayerFootprint(
+            layer, "codec", True, self.length,
+            archive_bytes=codes + raw_bytes,
+            resident_bytes=resident,
+            bf16_bytes=self.length * values_per_token * 2,
+            archived_tokens=archived,
+            code_bytes=codes,
+            sink_tokens=sinks,
+            window_tokens=window,
+            tail_tokens=after_archive - window,
+        )
+
+
+def _cat(pair: tuple[torch.Tensor, torch.Tensor] | None, k: torch.Tensor, v: torch.Tensor):
+    """pair + (k, v) along the sequence, as new exactly-sized tensors."""
+    if pair is None:
+        return k.clone(), v.clone()
+    return torch.cat([pair[0], k], dim=2), torch.cat([pair[1], v], dim=2)
+
+
+class CodedLayer(CodecLayer):
+    """A CodecLayer without the decoded view: attention runs on the stored codes (module docstring)."""
+
+    def _reset_state(self) -> None:
+        self.length = 0  # tokens held
+        self.archived_upto = self.tier.keep_first  # tokens [keep_first, archived_upto) are archived
+        self.archive_k, self.archive_v = Archive(tight=True), Archive(tight=True)
+        self._sinks: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, H, <= keep_first, D) raw
+        self._tail: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [archived_upto, length) raw
+
+    @torch.inference_mode()
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Archive what became archivable, keep the new (B, H, T, D) states raw, return tagged meta tensors."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.flush()
+        new = key_states.shape[2]
+        sinks = min(max(self.tier.keep_first - self.length, 0), new)
+        if sinks:
+            self._sinks = _cat(self._sinks, key_states[:, :, :sinks], value_states[:, :, :sinks])
+        if sinks < new:
+            self._tail = _cat(self._tail, key_states[:, :, sinks:], value_states[:, :, sinks:])
+        self.length += new
+        self.keys, self.values = self._shapes(key_states, value_states)
+        keys, values = self._shapes(key_states, value_states)
+        setattr(keys, TAG, self)
+        setattr(values, TAG, self)
+        return keys, values
+
+    def _shapes(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, H, length, D) meta tensors: shapes for whoever asks, no storage."""
+        b, h, _, d = key_states.shape
+        keys = torch.empty((b, h, self.length, d), dtype=key_states.dtype, device="meta")
+        values = torch.empty((b, h, self.length, value_states.shape[3]), dtype=value_states.dtype, device="meta")
+        return keys, values
+
+    @torch.inference_mode()
+    def flush(self) -> None:
+        """Encode every complete block of the tail that left the recent window; keep the rest raw."""
+        count = self._archivable()
+        if count <= 0:
+            return
+        k, v = self._tail
+        self.archive_k.append(encode(k[:, :, :count], self.tier.key))
+        self.archive_v.append(encode(v[:, :, :count], self.tier.value))
+        self._tail = (k[:, :, count:].clone(), v[:, :, count:].clone())
+        self.archived_upto += count
+
+    def segments(self) -> list[Segment]:
+        """The tokens in order as decode_attention segments: sinks, archive, tail (empty ones left out)."""
+        segments: list[Segment] = []
+        if self._sinks is not None:
+            segments.append(Raw(*self._sinks))
+        if self.archive_k.tokens:
+            segments.append(
+                Coded(self.tier.key, self.archive_k.encoded(), self.tier.value, self.archive_v.encoded())
+            )
+        if self._tail is not None and self._tail[0].shape[2]:
+            segments.append(Raw(*self._tail))
+        return segments
+
+    def attend(self, query: torch.Tensor, mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+        """Attention of query (B, Hq, T, D) on every held token: (B, Hq, T, Dv).
+
+        mask: transformers' (B, 1, T, S) mask, or None = causal (the last T tokens are the queries).
+        """
+        t = query.shape[2]
+        if mask is None and t > 1:
+            pos = torch.arange(self.length, device=query.device)
+            mask = (pos[None, :] <= pos[self.length - t :, None])[None, None]  # (1, 1, T, S)
+        return decode_attention(query, self.segments(), scale, mask)
+
+    def raw(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every held token as (B, H, S, D) tensors; only valid while nothing is archived (all tokens are raw)."""
+        if self.archive_k.tokens:
+            raise ValueError("raw(): this layer has archived tokens; use attend()")
+        pairs = [p for p in (self._sinks, self._tail) if p is not None]
+        if len(pairs) == 1:
+            return pairs[0]
+        return torch.cat([p[0] for p in pairs], dim=2), torch.cat([p[1] for p in pairs], dim=2)
+
+    @torch.inference_mode()
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last -tokens_to_remove tokens; a partly cropped block goes back to the raw tail, decoded."""
+        if not self._shorten(tokens_to_remove):
+            return
+        keep_first = self.tier.keep_first
+        if self._sinks is not None:
+            self._sinks = tuple(t[:, :, : min(self.length, keep_first)] for t in self._sinks)
+        kept = self._archived_after_crop()
+        tail = [] if self._tail is None else [self._tail]
+        if keep_first + kept < self.archived_upto:
+            archived = self.archived_upto - keep_first
+            back = [
+                decode(slice_encoded(archive.encoded(), kept, archived), codec)
+                for codec, archive in ((self.tier.key, self.archive_k), (self.tier.value, self.archive_v))
+            ]
+            tail = [tuple(back)] + tail
+            self.archive_k.truncate(kept)
+            self.archive_v.truncate(kept)
+            self.archived_upto = keep_first + kept
+        if tail:
+            held = max(self.length - self.archived_upto, 0)
+            self._tail = tuple(torch.cat([p[i] for p in tail], dim=2)[:, :, :held].clone() for i in (0, 1))
+
+    @torch.inference_mode()
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        for name in ("_sinks", "_tail"):
+            pair = getattr(self, name)
+            if pair is not None:
+                setattr(self, name, tuple(t.index_select(0, indices.to(t.device)) for t in pair))
+        self.archive_k.select_batch(indices)
+        self.archive_v.select_batch(indices)
+
+    @torch.inference_mode()
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        for name in ("_sinks", "_tail"):
+            pair = getattr(self, name)
+            if pair is not None:
+                setattr(self, name, tuple(t.repeat_interleave(repeats, dim=0) for t in pair))
+        self.archive_k.repeat_batch(repeats)
+        self.archive_v.repeat_batch(repeats)
+
+    def footprint(self, layer: int) -> LayerFootprint:
+        """Bytes for the tokens held (design.md definitions); resident = archive buffers + raw tokens."""
+        if not self.is_initialized or self.length == 0:
+            return LayerFootprint(layer, "codec", True, 0, 0, 0, 0)
+        self.flush()
+        pairs = [p for p in (self._sinks, self._tail) if p is not None]
+        raw_bytes = sum(t.numel() * t.element_size() for p in pairs for t in p)
+        b, h, _, d = self.keys.shape
+        return self._footprint(layer, b * h * (d + self.values.shape[3]), self.keys.element_size(), raw_bytes)
+
+
