@@ -1,4 +1,4 @@
-"""Command line: python -m codeckv quality|sweep|inspect|memory ... (tables on stdout, CSV/JSON/HTML files)."""
+"""Command line: python -m codeckv quality|sweep|needle|inspect|memory ... (tables on stdout, CSV/JSON/HTML files)."""
 
 from __future__ import annotations
 
@@ -13,26 +13,45 @@ from tqdm import tqdm
 DEFAULT_PROMPT = "Explain in a few sentences how a key-value cache speeds up text generation in a transformer."
 
 
+def _bar(desc: str, unit: str = "fwd"):
+    """A tqdm bar and the (done, total, message) progress callback that drives it."""
+    bar = tqdm(total=1, desc=desc, unit=unit)
+
+    def progress(done: int, total: int, message: str) -> None:
+        bar.total = total
+        bar.n = done
+        bar.set_postfix_str(message, refresh=False)
+        bar.refresh()
+
+    return bar, progress
+
+
 def _quality(args: argparse.Namespace) -> None:
-    from codeckv.measure.quality import as_dicts, quality_table
+    from codeckv.figures import quality_figures
+    from codeckv.measure.quality import as_dicts, measure_quality
     from codeckv.measure.table import format_table, write_csv
     from codeckv.models import load_model
-    from codeckv.tiers import TIERS
+    from codeckv.tiers import TIERS, get_tier
 
+    tiers = [get_tier(name) for name in args.tiers or list(TIERS)]  # unknown names fail before loading
+    text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
     loaded = load_model(args.model)
-    tiers = args.tiers or list(TIERS)
-    bar = tqdm(total=len(tiers) * args.windows + (0 if "native" in tiers else args.windows), desc="quality")
-
-    def progress(message: str) -> None:
-        bar.set_postfix_str(message)
-        bar.update(1)
-
-    rows = as_dicts(quality_table(loaded, tiers, args.windows, args.length, progress))
+    bar, progress = _bar("quality")
+    start = time.perf_counter()
+    run = measure_quality(loaded, tiers, args.windows, args.length, args.source, text, progress)
     bar.close()
-    columns = ["tier", "archive_bytes", "bf16_bytes", "ratio_vs_bf16", "nll", "delta_nll_pct", "entropy_coded_bytes"]
+    rows = as_dicts(run.rows)
+    columns = ["tier", "ratio_vs_bf16", "steady_state_ratio", "kld", "kld_se", "top1_pct", "top1_se",
+               "delta_nll_pct", "delta_nll_se", "nll", "entropy_coded_bytes"]
     print(format_table(rows, columns))
-    out = args.out or f"assets/quality-{loaded.info.name.replace('/', '_')}.csv"
-    print(f"wrote {write_csv(rows, out)}")
+    where = "a text file" if text is not None else f"the {args.source}"
+    print(f"{args.windows} windows x {args.length} tokens of {where}, {run.reference.positions} scored positions "
+          f"each; took {time.perf_counter() - start:.1f} s")
+    name = loaded.info.name.replace("/", "_")
+    suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
+    out = args.out or f"assets/quality-{name}{suffix}.csv"
+    paths = _write_figures(quality_figures(run), Path(args.charts or f"out/quality-{name}{suffix}"))
+    print(f"wrote {write_csv(rows, out)}, " + ", ".join(str(p) for p in paths))
 
 
 def _prompt(args: argparse.Namespace, loaded, default_context: int = 0):
@@ -70,21 +89,14 @@ def _sweep(args: argparse.Namespace) -> None:
     tiers = [get_tier(name) for name in args.tiers] if args.tiers else None  # unknown names fail before loading
     loaded = load_model(args.model)
     prompt = _prompt(args, loaded)
-    bar = tqdm(total=1, desc="sweep", unit="fwd")
-
-    def progress(done: int, total: int, message: str) -> None:
-        bar.total = total
-        bar.n = done
-        bar.set_postfix_str(message, refresh=False)
-        bar.refresh()
-
+    bar, progress = _bar("sweep")
     start = time.perf_counter()
     result = sweep(loaded, prompt, tiers, args.tokens, not args.no_stop, progress)
     seconds = time.perf_counter() - start
     bar.close()
     rows = as_dicts(result.rows)
-    columns = ["tier", "archive_bytes", "ratio_vs_bf16", "delta_nll_pct", "decode_ms", "latency_ratio",
-               "token_match", "first_divergence", "psnr_db"]
+    columns = ["tier", "archive_bytes", "ratio_vs_bf16", "kld", "top1_pct", "delta_nll_pct", "decode_ms",
+               "latency_ratio", "token_match", "first_divergence", "psnr_db"]
     print(format_table(rows, columns))
     print(f"native: {len(result.native.token_ids)} new tokens after a {result.prompt_tokens}-token prompt, "
           f"{result.native.decode_ms:.1f} ms/token; sweep took {seconds:.1f} s")
@@ -94,8 +106,9 @@ def _sweep(args: argparse.Namespace) -> None:
         "model": loaded.info.name, "device": loaded.info.device, "dtype": loaded.info.dtype,
         "prompt_tokens": result.prompt_tokens, "max_new_tokens": args.tokens, "seconds": seconds,
         "native_text": result.native.text, "rows": rows,
-        "runs": {label: {**c.summary(), "text": c.codec.text, "token_nll_native": c.token_nll_native,
-                         "token_nll_codec": c.token_nll_codec} for label, c in result.comparisons.items()},
+        "runs": {label: {**c.summary(), "text": c.codec.text, "token_kld": c.token_kld,
+                         "token_nll_native": c.token_nll_native, "token_nll_codec": c.token_nll_codec}
+                 for label, c in result.comparisons.items()},
     }, out / "sweep.json")
     paths = _write_figures(sweep_figures(result), out)
     print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, " + ", ".join(str(p) for p in paths))
@@ -130,6 +143,29 @@ def _inspect(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'layers.csv'}, {out / 'inspect.json'}, " + ", ".join(str(p) for p in paths))
 
 
+def _needle(args: argparse.Namespace) -> None:
+    from codeckv.measure.needle import as_dicts, needle_grid
+    from codeckv.measure.table import format_table, write_csv
+    from codeckv.models import load_model
+    from codeckv.plots import needle_figure
+    from codeckv.tiers import get_tier
+
+    tiers = [get_tier(name) for name in args.tiers]  # unknown names fail before loading
+    loaded = load_model(args.model)
+    bar, progress = _bar("needle", unit="cell")
+    start = time.perf_counter()
+    grid = needle_grid(loaded, tiers, args.lengths, args.depths, progress)
+    bar.close()
+    summary = [{"tier": tier, **{f"{n} tok": f"{int(grid.retrieved(tier)[:, j].sum())}/{len(grid.depths)}"
+                                 for j, n in enumerate(grid.lengths)}} for tier in grid.tiers]
+    print(format_table(summary))
+    print(f"retrieved / depths {', '.join(f'{d:g}' for d in grid.depths)}; took {time.perf_counter() - start:.1f} s")
+    name = loaded.info.name.replace("/", "_")
+    out = args.out or f"assets/needle-{name}.csv"
+    paths = _write_figures({"needle": needle_figure(grid)}, Path(args.charts or f"out/needle-{name}"))
+    print(f"wrote {write_csv(as_dicts(grid.rows), out)}, " + ", ".join(str(p) for p in paths))
+
+
 def _prompt_arguments(parser: argparse.ArgumentParser, without_prompt: str) -> None:
     parser.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
     parser.add_argument("--prompt", default=None, help=f"the user's message, a chat turn (default: {without_prompt})")
@@ -155,15 +191,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m codeckv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    quality = sub.add_parser("quality", help="per tier: archive bytes vs bf16, decode NLL, ΔNLL%% on the corpus")
+    quality = sub.add_parser("quality", help="per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread")
     quality.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
-    quality.add_argument("--windows", type=int, default=4, help="corpus windows (default 4)")
+    quality.add_argument("--windows", type=int, default=4, help="text windows (default 4)")
     quality.add_argument("--length", type=int, default=512, help="tokens per window (default 512)")
     quality.add_argument("--tiers", nargs="*", help="tier names (default: all)")
-    quality.add_argument("--out", help="CSV path (default assets/quality-<model>.csv)")
+    quality.add_argument("--source", default="corpus", choices=["corpus", "docstrings"],
+                         help="corpus: the Python reference topics (default); docstrings: the held-out text")
+    quality.add_argument("--text-file", help="measure on this UTF-8 text file instead")
+    quality.add_argument("--out", help="CSV path (default assets/quality-<model>[-<source>].csv)")
+    quality.add_argument("--charts", help="folder for the HTML charts (default out/quality-<model>[-<source>])")
     quality.set_defaults(run=_quality)
 
-    sweep = sub.add_parser("sweep", help="per tier on one prompt: bytes, ΔNLL%%, latency, token match, PSNR")
+    sweep = sub.add_parser("sweep", help="per tier on one prompt (one sample): bytes, latency, token match, KLD")
     _prompt_arguments(sweep, "a question about KV caches")
     sweep.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
     sweep.add_argument("--tiers", nargs="*", help="tier names (default: all)")
@@ -178,6 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--head", type=int, default=0, help="KV head of the heatmaps (default 0)")
     inspect.add_argument("--out", help="output folder (default out/inspect-<model>-<tier>)")
     inspect.set_defaults(run=_inspect)
+
+    needle = sub.add_parser("needle", help="pass-key retrieval per tier over prompt lengths and key depths")
+    needle.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
+    needle.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8000],
+                        help="prompt lengths in tokens (default 1024 2048 4096 8000)")
+    needle.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0],
+                        help="where the key sits in the filler, 0 = start (default 0 0.25 0.5 0.75 1)")
+    needle.add_argument("--tiers", nargs="+", default=["turbo-4", "turbo-3", "int8", "jpeg-k2"], help="tier names")
+    needle.add_argument("--out", help="CSV path (default assets/needle-<model>.csv)")
+    needle.add_argument("--charts", help="folder for the heatmap (default out/needle-<model>)")
+    needle.set_defaults(run=_needle)
 
     memory = sub.add_parser("memory", help="archive vs resident bytes at a long context, with and without a view")
     memory.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")

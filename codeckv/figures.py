@@ -1,7 +1,8 @@
 """The figure sets of each view, built in one place for the app and the CLI (plots.py draws each figure).
 
-    figures = sweep_figures(result)       # {"pareto": ..., "latency": ..., "token_match": ..., "token_nll": ...}
-    figures = inspect_figures(view)       # {"heatmap_key": ..., "heatmap_value": ..., "spectrum": ..., ...}
+    figures = quality_figures(run)        # long text: {"pareto_kld", "pareto_nll", "token_kld"}
+    figures = sweep_figures(result)       # one prompt: {"pareto_kld", "latency", "token_match", "token_kld"}
+    figures = inspect_figures(view)       # {"heatmap_key", "heatmap_value", "spectrum", "layer_errors", ...}
 """
 
 from __future__ import annotations
@@ -10,27 +11,42 @@ import plotly.graph_objects as go
 
 from codeckv import plots
 from codeckv.measure.inspect import Inspection
+from codeckv.measure.quality import QualityRun
 from codeckv.measure.sweep import Sweep
 
 
-def worst_tier(result: Sweep) -> str:
-    """The swept run with the largest ΔNLL: the one whose per-token chart is shown first."""
-    return max(result.comparisons, key=lambda label: result.comparisons[label].delta_nll_pct)
+def worst_tier(result: Sweep | QualityRun) -> str:
+    """The tier with the largest KL divergence: the one whose per-token chart is shown first."""
+    rows = [r for r in result.rows if r.tier != "native"] or result.rows
+    return max(rows, key=lambda r: r.kld).tier
 
 
-def token_nll_figure(result: Sweep, label: str) -> go.Figure:
-    """Per-token NLL difference of one swept run."""
-    cmp = result.comparisons[label]
-    return plots.token_nll_figure(cmp.token_nll_native, cmp.token_nll_codec, cmp.scored_tokens, label)
+def token_kld_figure(result: Sweep | QualityRun, tier: str) -> go.Figure:
+    """Per-token KL divergence of one tier: over the reply (one prompt) or window 0 (long text)."""
+    if isinstance(result, QualityRun):
+        return plots.token_kld_figure(result.scores[tier].kld[0].tolist(), result.scored_tokens, tier)
+    cmp = result.comparisons[tier]
+    return plots.token_kld_figure(cmp.token_kld, cmp.scored_tokens, tier)
+
+
+def quality_figures(run: QualityRun) -> dict[str, go.Figure]:
+    """Storage vs KLD and vs ΔNLL with error bars over windows, and the per-token KLD of the worst tier."""
+    row = run.rows[0]
+    where = f"{row.windows} × {row.tokens_per_window} tokens of {row.source}"
+    return {
+        "pareto_kld": plots.pareto_figure(run.rows, "kld", title=f"Storage vs KL divergence ({where})"),
+        "pareto_nll": plots.pareto_figure(run.rows, "delta_nll_pct", title=f"Storage vs ΔNLL ({where})"),
+        "token_kld": token_kld_figure(run, worst_tier(run)),
+    }
 
 
 def sweep_figures(result: Sweep) -> dict[str, go.Figure]:
-    """Storage vs ΔNLL, decode latency, token match, and the per-token NLL of the worst tier."""
+    """One prompt: storage vs KLD on the reply, decode latency, token match, per-token KLD of the worst tier."""
     return {
-        "pareto": plots.pareto_figure(result.rows),
+        "pareto_kld": plots.pareto_figure(result.rows, "kld", title="Storage vs KL divergence (one reply)"),
         "latency": plots.latency_figure(result.rows),
         "token_match": plots.token_match_figure(result.rows),
-        "token_nll": token_nll_figure(result, worst_tier(result)),
+        "token_kld": token_kld_figure(result, worst_tier(result)),
     }
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from codeckv.measure.side_by_side import Comparison
+from codeckv.footprint import Footprint
+from codeckv.measure.runs import Comparison, Update
 from codeckv.models import ModelInfo
 
 
@@ -28,23 +29,37 @@ def native_stats_markdown(cmp: Comparison) -> str:
     """The native panel's line: its bytes, prefill and decode latency."""
     run = cmp.native
     return (
-        f"**native cache** {human_bytes(run.archive_bytes)} "
-        f"({run.archive_bytes / run.bf16_bytes:.0%} of bf16) · prefill {run.prefill_s * 1000:.0f} ms · "
-        f"{_ms(run.decode_ms)}/token · {run.tokens_per_s:.1f} tok/s · {len(run.token_ids)} tokens"
+        f"**native cache** {human_bytes(run.archive_bytes)} ({run.archive_bytes / run.bf16_bytes:.0%} of bf16, "
+        f"{run.footprint.tokens:,} tokens) · prefill of {run.prompt_tokens:,} new tokens "
+        f"{run.prefill_s * 1000:.0f} ms · {_ms(run.decode_ms)}/token · {run.tokens_per_s:.1f} tok/s · "
+        f"{len(run.token_ids)} tokens"
     )
 
 
+def tokens_held(fp: Footprint) -> str:
+    """'1,984 archived + 41 raw (4 sinks, 0 window, 37 tail)': the token counts behind a measured ratio."""
+    raw = fp.sink_tokens + fp.window_tokens + fp.tail_tokens
+    return (f"{fp.archived_tokens:,} archived + {raw:,} raw ({fp.sink_tokens} sinks, {fp.window_tokens} window, "
+            f"{fp.tail_tokens} tail)")
+
+
+def steady_state(ratio: float) -> str:
+    """The steady-state ratio, or why there is none yet."""
+    return "n/a until a block is archived" if math.isnan(ratio) else f"**{ratio:.1%}**"
+
+
 def codec_stats_markdown(cmp: Comparison) -> str:
-    """The codec panel's line: archive and resident bytes vs bf16, latency vs native, token match, ΔNLL."""
+    """The codec panel's lines: bytes now and per archived token, latency vs native, KLD / top-1 / ΔNLL, match."""
     run = cmp.codec
     first = cmp.first_divergence
     divergence = "never diverged" if first is None else f"first divergence at token {first}"
     return (
-        f"**{cmp.tier}** archive {human_bytes(run.archive_bytes)} (**{cmp.ratio_vs_bf16:.1%} of bf16**) · "
-        f"resident {human_bytes(run.resident_bytes)} ({run.resident_bytes / run.bf16_bytes:.0%}) · "
-        f"prefill {run.prefill_s * 1000:.0f} ms · {_ms(run.decode_ms)}/token ({cmp.latency_ratio:.2f}× native)  \n"
-        f"token match **{cmp.token_match:.0%}** ({divergence}) · "
-        f"ΔNLL of the turn **{cmp.delta_nll_pct:+.2f}%** ({cmp.nll_codec:.3f} vs {cmp.nll_native:.3f} nats)"
+        f"**{cmp.tier}** archive {human_bytes(run.archive_bytes)} = **{cmp.ratio_vs_bf16:.1%} of bf16** now "
+        f"({tokens_held(run.footprint)}) · steady state {steady_state(cmp.steady_state_ratio)} of bf16 per "
+        f"archived token · resident {human_bytes(run.resident_bytes)} · prefill {run.prefill_s * 1000:.0f} ms · "
+        f"{_ms(run.decode_ms)}/token ({cmp.latency_ratio:.2f}× native)  \n"
+        f"on the native reply: KL divergence **{cmp.kld:.4f}** nats/token · top-1 agreement **{cmp.top1_pct:.1f}%** · "
+        f"ΔNLL {cmp.delta_nll_pct:+.2f}% · greedy token match **{cmp.token_match:.0%}** ({divergence})"
     )
 
 
@@ -57,3 +72,47 @@ def model_markdown(info: ModelInfo, backend: str) -> str:
         f"{info.dtype} on {info.device} · kernels: {backend} · "
         f"KV bytes/token of a bf16 cache: {info.kv_bytes_per_token_bf16:,}"
     )
+
+
+def progress_markdown(update: Update) -> str:
+    """What a turn is doing while it streams."""
+    done, total = update.progress
+    return {
+        "prefill": f"prefilling the prompt… ({done}/{total} steps)",
+        "generating": "generating…",
+        "scoring": "scoring the native reply through the codec cache (KL divergence, top-1, ΔNLL)…",
+    }.get(update.phase, "…")
+
+
+def stopped_markdown(update: Update | None, side: str) -> str:
+    """A stopped turn: what each side had done; nothing was scored."""
+    if update is None:
+        return "**stopped**"
+    panel = update.native if side == "native" else update.codec
+    if update.phase == "prefill":
+        done, total = update.progress
+        return f"**stopped** while prefilling the prompt ({done} steps done); nothing generated or scored"
+    return f"**stopped** after {len(panel.token_ids)} generated tokens; the turn was not scored"
+
+
+def _plus_minus(mean: float, se: float, digits: int) -> str:
+    return f"{mean:.{digits}f}" + ("" if math.isnan(se) else f" ± {se:.{digits}f}")
+
+
+def quality_table(rows) -> dict:
+    """Long-text quality rows (measure/quality.py) as a display table: means ± standard errors."""
+    headers = ["tier", "× bf16 at this length", "× bf16 steady state", "KLD (nats/token)", "top-1 agreement %",
+               "ΔNLL %"]
+    data = [[r.tier, round(r.ratio_vs_bf16, 4), round(r.steady_state_ratio, 4), _plus_minus(r.kld, r.kld_se, 5),
+             _plus_minus(r.top1_pct, r.top1_se, 2), _plus_minus(r.delta_nll_pct, r.delta_nll_se, 3)] for r in rows]
+    return {"headers": headers, "data": data}
+
+
+def sweep_table(rows) -> dict:
+    """One-prompt sweep rows (measure/sweep.py) as a display table."""
+    headers = ["tier", "× bf16", "× bf16 steady state", "KLD", "top-1 %", "ΔNLL %", "decode ms", "× native",
+               "token match", "first divergence"]
+    data = [[r.tier, round(r.ratio_vs_bf16, 4), round(r.steady_state_ratio, 4), round(r.kld, 5), round(r.top1_pct, 1),
+             round(r.delta_nll_pct, 2), round(r.decode_ms, 1), round(r.latency_ratio, 3), round(r.token_match, 3),
+             r.first_divergence] for r in rows]
+    return {"headers": headers, "data": data}

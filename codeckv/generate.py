@@ -5,6 +5,9 @@ runs (native and codec) token by token and time prefill and every decode step:
 
     for step in greedy_stream(model, input_ids, cache, max_new_tokens=64, stop_ids={2}):
         print(step.token_id, step.seconds)
+
+Every forward continues the cache (positions follow what it holds) and computes the logits of
+the last position only (`logits_to_keep=1`): a long prompt never materializes (T, vocab) logits.
 """
 
 from __future__ import annotations
@@ -35,22 +38,23 @@ def greedy_stream(
     max_new_tokens: int,
     stop_ids: set[int] | frozenset[int] = frozenset(),
 ) -> Iterator[Step]:
-    """Prefill `input_ids` through `cache`, then feed back the argmax token one at a time."""
+    """Prefill `input_ids` through `cache` (after what it holds), then feed back the argmax token one at a time."""
     next_input = input_ids
-    position = 0
     for index in range(max_new_tokens):
         start = time.perf_counter()
-        length = next_input.shape[1]
-        positions = torch.arange(position, position + length, device=input_ids.device)[None]
-        out = model(input_ids=next_input, position_ids=positions, cache=cache, use_cache=True)
-        logits = out.logits[0, -1].float()
+        logits = next_logits(model, next_input, cache)[0]
         token_id = int(logits.argmax())
         _sync(input_ids.device)
         yield Step(index, token_id, time.perf_counter() - start, logits)
         if token_id in stop_ids:
             return
-        position += length
         next_input = torch.tensor([[token_id]], device=input_ids.device)
+
+
+@torch.inference_mode()
+def next_logits(model: PreTrainedModel, ids: torch.Tensor, cache: Cache) -> torch.Tensor:
+    """Feed ids (B, T) after what `cache` holds; fp32 logits of the last position (B, vocab)."""
+    return model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1].float()
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> frozenset[int]:

@@ -99,18 +99,30 @@ def place_labels(xs: list[float], ys: list[float], width: float = 1100, height: 
     return offsets
 
 
-def pareto_figure(rows: Sequence, y_cap: float | None = None) -> go.Figure:
-    """Storage (archive bytes / bf16) vs ΔNLL% per tier, labelled, with the Pareto front drawn.
+# y metric of the Pareto chart -> (axis title, hover format, smallest cap, values above this are "broken")
+PARETO_METRICS = {
+    "kld": ("KL divergence from native (nats / token)", "KLD %{customdata[1]:.4f} nats", 0.02, 0.5),
+    "delta_nll_pct": ("ΔNLL vs native (%)", "ΔNLL %{customdata[1]:.2f} %", 10.0, 50.0),
+}
 
-    Points above `y_cap` (default: max(10, 1.3 x the largest ΔNLL at or below 50 %)) sit on the top
-    edge as triangles with their true value in the label, so a broken tier does not flatten the rest.
+
+def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | None = None,
+                  title: str = "Storage vs quality") -> go.Figure:
+    """Storage (archive bytes / bf16) vs `metric` ("kld" or "delta_nll_pct") per tier, with the Pareto front.
+
+    Error bars show `<metric>_se` (standard error over windows) when the rows carry it. Points above
+    `y_cap` (default: 1.3 x the largest value below the metric's "broken" level) sit on the top edge as
+    triangles with their true value in the label, so a broken tier does not flatten the rest.
     """
-    rows = [r for r in _dicts(rows) if _finite(r["ratio_vs_bf16"]) is not None and _finite(r["delta_nll_pct"])
-            is not None]
+    if metric not in PARETO_METRICS:
+        raise ValueError(f"metric={metric!r} (allowed: {', '.join(PARETO_METRICS)})")
+    axis_title, hover, floor, broken = PARETO_METRICS[metric]
+    rows = [r for r in _dicts(rows) if _finite(r["ratio_vs_bf16"]) is not None and _finite(r[metric]) is not None]
     xs = [r["ratio_vs_bf16"] for r in rows]
-    ys = [r["delta_nll_pct"] for r in rows]
+    ys = [r[metric] for r in rows]
+    errors = [_finite(r.get(f"{metric.removesuffix('_pct')}_se")) for r in rows]
     if y_cap is None:
-        y_cap = max(10.0, 1.3 * max([y for y in ys if y <= 50] or [10.0]))
+        y_cap = max(floor, 1.3 * max([y + (e or 0.0) for y, e in zip(ys, errors) if y <= broken] or [floor]))
     front = pareto_front(list(zip(xs, ys)))
     shown = [min(y, y_cap) for y in ys]
     fig = go.Figure()
@@ -120,13 +132,15 @@ def pareto_figure(rows: Sequence, y_cap: float | None = None) -> go.Figure:
     ))
     fig.add_trace(go.Scatter(
         x=xs, y=shown, mode="markers", text=[r["tier"] for r in rows], name="tiers",
+        error_y=dict(type="data", array=[e if e is not None and y <= y_cap else 0.0 for e, y in zip(errors, ys)],
+                     visible=any(e is not None for e in errors), color="#6b7280", thickness=1.5, width=6),
         marker=dict(size=14, symbol=["triangle-up" if y > y_cap else "circle" for y in ys],
                     color=[KEY_COLOR if i in front else NATIVE_COLOR for i in range(len(rows))]),
         customdata=[[r["archive_bytes"], y] for r, y in zip(rows, ys)],
-        hovertemplate="%{text}<br>%{x:.3f}× bf16 (%{customdata[0]:,} B)<br>ΔNLL %{customdata[1]:.2f} %<extra></extra>",
+        hovertemplate="%{text}<br>%{x:.3f}× bf16 (%{customdata[0]:,} B)<br>" + hover + "<extra></extra>",
     ))
     for i, (ax, ay) in enumerate(place_labels(xs, shown)):
-        label = rows[i]["tier"] + (f" ({ys[i]:.0f} %)" if ys[i] > y_cap else "")
+        label = rows[i]["tier"] + (f" ({ys[i]:.3g})" if ys[i] > y_cap else "")
         fig.add_annotation(x=xs[i], y=shown[i], text=label, ax=ax, ay=ay, showarrow=True, arrowhead=0,
                            arrowwidth=1, arrowcolor="#9ca3af", font=dict(size=14))
     fig.add_hline(y=0, line=dict(color=NATIVE_COLOR, width=1))
@@ -134,7 +148,7 @@ def pareto_figure(rows: Sequence, y_cap: float | None = None) -> go.Figure:
     low = min(shown + [0.0])
     fig.update_yaxes(range=[low - 0.08 * (y_cap - low), y_cap * 1.08])
     fig.update_layout(showlegend=False)
-    return themed(fig, "Storage vs quality", "KV archive bytes / bf16 cache bytes (×)", "ΔNLL vs native (%)")
+    return themed(fig, title, "KV archive bytes / bf16 cache bytes (×)", axis_title)
 
 
 def latency_figure(rows: Sequence) -> go.Figure:
@@ -244,19 +258,18 @@ def layer_error_figure(layers: Sequence[LayerError]) -> go.Figure:
     return themed(fig, "Reconstruction error per layer")
 
 
-def token_nll_figure(native_nll: Sequence[float], codec_nll: Sequence[float], tokens: Sequence[str],
-                     tier: str) -> go.Figure:
-    """Per-token NLL difference (codec − native) along the scored text: where the codec hurts."""
-    delta = [c - n for c, n in zip(codec_nll, native_nll)]
+def token_kld_figure(kld: Sequence[float], tokens: Sequence[str], tier: str) -> go.Figure:
+    """Per-token KL divergence from the native next-token distribution along the scored text."""
+    values = list(kld)
     fig = go.Figure(go.Scatter(
-        x=list(range(len(delta))), y=delta, mode="lines+markers", line=dict(color=KEY_COLOR, width=2),
-        marker=dict(size=5), customdata=list(tokens)[: len(delta)],
-        hovertemplate="position %{x} %{customdata}<br>Δ %{y:+.3f} nats<extra></extra>",
+        x=list(range(len(values))), y=values, mode="lines+markers", line=dict(color=VALUE_COLOR, width=2),
+        marker=dict(size=5), customdata=list(tokens)[: len(values)],
+        hovertemplate="position %{x} %{customdata}<br>KL %{y:.4f} nats<extra></extra>",
     ))
     fig.add_hline(y=0, line=dict(color=NATIVE_COLOR, width=1))
-    mean = sum(delta) / len(delta) if delta else math.nan
-    return themed(fig, f"{tier}: per-token NLL change vs native (mean {mean:+.3f} nats)",
-                  "scored token position", "NLL codec − native (nats)")
+    mean = sum(values) / len(values) if values else math.nan
+    return themed(fig, f"{tier}: per-token KL divergence from native (mean {mean:.4f} nats)",
+                  "scored token position", "KL(native ‖ tier) (nats)")
 
 
 def var_ratio_figure(layers: Sequence[LayerError]) -> go.Figure:
@@ -277,3 +290,22 @@ def _gradient(i: int, n: int) -> str:
     light, dark = (147, 197, 253), (30, 27, 75)
     r, g, b = (round(a + (c - a) * t) for a, c in zip(light, dark))
     return f"rgb({r},{g},{b})"
+
+
+def needle_figure(grid) -> go.Figure:
+    """Pass-key retrieval per tier: one depth x length panel each, green = retrieved (measure/needle.py)."""
+    tiers = grid.tiers
+    fig = make_subplots(rows=1, cols=len(tiers), shared_yaxes=True, horizontal_spacing=0.02,
+                        subplot_titles=[f"{t} ({int(grid.retrieved(t).sum())}/{grid.retrieved(t).numel()})"
+                                        for t in tiers])
+    x = [f"{n:,}" for n in grid.lengths]
+    y = [f"{d:.0%}" for d in grid.depths]
+    for col, tier in enumerate(tiers, start=1):
+        fig.add_trace(go.Heatmap(
+            z=grid.retrieved(tier).tolist(), x=x, y=y, zmin=0, zmax=1, showscale=False, xgap=2, ygap=2,
+            colorscale=[[0, "#fca5a5"], [0.5, "#fca5a5"], [0.5, "#86efac"], [1, "#86efac"]],
+            hovertemplate=f"{tier}<br>%{{x}} tokens, key at %{{y}}<br>retrieved: %{{z}}<extra></extra>",
+        ), row=1, col=col)
+    fig.update_xaxes(title_text="prompt tokens", type="category")
+    fig.update_yaxes(title_text="depth of the key", type="category", row=1, col=1)
+    return themed(fig, "Pass-key retrieval (green: the key is in the greedy answer)")

@@ -1,10 +1,13 @@
-"""The quality table on a short corpus slice: png is exactly lossless, lossy tiers cost bytes honestly."""
+"""The quality table on short text: png is exactly lossless, lossy tiers cost bytes honestly, the spread is real."""
 
 import csv
+import math
+
+import pytest
 
 from codeckv.__main__ import main
-from codeckv.measure.corpus import corpus_text, corpus_windows
-from codeckv.measure.quality import quality_table
+from codeckv.measure.corpus import corpus_text, corpus_windows, docstrings_text, text_windows
+from codeckv.measure.quality import measure_quality
 
 
 def test_corpus_is_the_python_reference_topics(loaded):
@@ -16,23 +19,38 @@ def test_corpus_is_the_python_reference_topics(loaded):
     assert windows.shape == (2, 64)
 
 
-def test_png_has_zero_delta_nll_and_lossy_tiers_report_their_bytes(loaded):
-    rows = {r.tier: r for r in quality_table(loaded, ["png", "jpeg-k8-int8"], windows=1, length=96)}
-    assert set(rows) == {"native", "png", "jpeg-k8-int8"}
-    assert rows["png"].delta_nll_pct == 0.0 and rows["png"].nll == rows["native"].nll
-    assert rows["png"].archive_bytes == rows["native"].archive_bytes  # fp32 on CPU: the native cache's bytes
-    assert rows["jpeg-k8-int8"].ratio_vs_bf16 <= 0.55  # 96 cached tokens: whole blocks, no raw tail
-    assert abs(rows["jpeg-k8-int8"].delta_nll_pct) < 5
-    assert rows["png"].entropy_coded_bytes < rows["png"].archive_bytes, "zstd finds the lossless saving"
-    assert rows["jpeg-k8-int8"].entropy_coded_bytes is None
+def test_held_out_docstrings_are_other_text(loaded):
+    text = docstrings_text()
+    assert "Abstract Base Classes" in text and len(text) > 100_000
+    assert text_windows(loaded.tokenizer, text, 2, 64).shape == (2, 64)
+    with pytest.raises(ValueError, match="fewer than 3 windows of 64"):
+        text_windows(loaded.tokenizer, "too short", 3, 64)
+
+
+def test_png_is_exact_and_lossy_tiers_report_bytes_and_spread(loaded):
+    run = measure_quality(loaded, ["png", "jpeg-k8-int8"], windows=2, length=96)
+    rows = {r.tier: r for r in run.rows}
+    assert list(rows) == ["native", "png", "jpeg-k8-int8"]
+    png, jpeg = rows["png"], rows["jpeg-k8-int8"]
+    assert png.kld == 0.0 and png.top1_pct == 100.0 and png.delta_nll_pct == 0.0 and png.nll == rows["native"].nll
+    assert png.archive_bytes == rows["native"].archive_bytes  # fp32 on CPU: the native cache's bytes
+    assert jpeg.ratio_vs_bf16 <= 0.55 and jpeg.steady_state_ratio == pytest.approx(jpeg.ratio_vs_bf16)  # no raw tail
+    assert 0 < jpeg.kld < 0.05 and 90 <= jpeg.top1_pct <= 100 and abs(jpeg.delta_nll_pct) < 5
+    assert math.isfinite(jpeg.kld_se) and jpeg.kld_se >= 0, "two windows give a standard error"
+    assert png.entropy_coded_bytes < png.archive_bytes, "zstd finds the lossless saving"
+    assert jpeg.entropy_coded_bytes is None
+    assert run.scores["jpeg-k8-int8"].kld.shape == (2, 48) and len(run.scored_tokens) == 48
 
 
 def test_quality_cli_writes_csv(tmp_path, capsys):
     out = tmp_path / "q.csv"
-    assert main(["quality", "--windows", "1", "--length", "48", "--tiers", "png", "--out", str(out)]) == 0
+    charts = tmp_path / "charts"
+    args = ["quality", "--windows", "1", "--length", "48", "--tiers", "png", "--source", "docstrings"]
+    assert main([*args, "--out", str(out), "--charts", str(charts)]) == 0
     rows = list(csv.DictReader(out.open()))
-    assert [r["tier"] for r in rows] == ["native", "png"]
-    assert "delta_nll_pct" in capsys.readouterr().out
+    assert [r["tier"] for r in rows] == ["native", "png"] and {r["source"] for r in rows} == {"docstrings"}
+    assert float(rows[1]["kld"]) == 0.0 and "top1_pct" in capsys.readouterr().out
+    assert {p.name for p in charts.glob("*.html")} == {"pareto_kld.html", "pareto_nll.html", "token_kld.html"}
 
 
 def test_quality_cli_rejects_unknown_tier(capsys):

@@ -1,10 +1,14 @@
-"""Per-tier quality on the embedded corpus: archive bytes vs bf16, decode NLL and ΔNLL% (design.md).
+"""Per-tier quality on long text: bytes vs bf16, KL divergence, top-1 agreement and ΔNLL, with their spread.
 
-    rows = quality_table(loaded, ["png", "turbo-4"], windows=4, length=512)
+    run = measure_quality(loaded, ["png", "turbo-4"], windows=4, length=512)              # embedded corpus
+    run = measure_quality(loaded, ["turbo-4"], source="docstrings")                        # the held-out text
+    run = measure_quality(loaded, ["turbo-4"], text=user_text, windows=2, length=512)      # any text
+    run.rows        # QualityRow per tier (native first): the table of `python -m codeckv quality` and the Sweep tab
+    run.scores      # tier -> per-position NLL / KLD / top-1 (W, positions), for per-token charts
 
-Native and every tier run on the same windows with the same protocol (measure/nll.py).
-A window of `length` tokens is followed by one more token, the target of the last
-prediction, so the cache holds exactly `length` tokens when its footprint is read.
+Native runs once (measure/lockstep.py) and every tier is compared with it on the same windows. A window
+of `length` tokens is followed by one more token, the target of the last prediction, so every cache
+holds exactly `length` tokens when its bytes are read.
 """
 
 from __future__ import annotations
@@ -14,73 +18,112 @@ from dataclasses import asdict, dataclass
 
 from codeckv.cache import footprint, make_cache
 from codeckv.layers import CodecLayer
-from codeckv.measure.corpus import corpus_windows
-from codeckv.measure.nll import decode_nll, delta_percent
+from codeckv.measure.corpus import source_text, text_windows
+from codeckv.measure.lockstep import Reference, Scores, compare, native_reference, score_cache
 from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier, get_tier
+
+Progress = Callable[[int, int, str], None]  # (forwards done, forwards in all, message); may raise to stop
 
 
 @dataclass
 class QualityRow:
     tier: str
     description: str
-    archive_bytes: int  # codec-carrying layers holding `length` tokens (mean over windows)
+    archive_bytes: int  # codec-carrying layers holding `length` tokens (per window)
     bf16_bytes: int  # a bf16 native cache of the same tokens
-    ratio_vs_bf16: float
+    ratio_vs_bf16: float  # archive / bf16 at this window length (raw tail and sinks included)
+    steady_state_ratio: float  # bytes per archived token / bf16 bytes per token (nan if nothing archived)
+    kld: float  # mean KL(native || tier), nats per token
+    kld_se: float  # standard error over windows
+    top1_pct: float  # % positions where the tier's argmax is native's
+    top1_se: float
     nll: float
     delta_nll_pct: float
+    delta_nll_se: float
     entropy_coded_bytes: int | None  # lossless tiers: the archive after byte shuffling + zstd (None otherwise)
+    source: str  # "corpus", "docstrings" or "text"
     windows: int
     tokens_per_window: int
+    scored_positions: int  # per window
 
 
-def quality_table(
+@dataclass
+class QualityRun:
+    """Rows of the table, and what is behind them."""
+
+    rows: list[QualityRow]
+    reference: Reference
+    scores: dict[str, Scores]  # tier name -> per-position metrics
+    scored_tokens: list[str]  # window 0's scored tokens as text (chart hover)
+
+
+def measure_quality(
     loaded: LoadedModel,
     tiers: list[str | Tier],
     windows: int = 4,
     length: int = 512,
-    progress: Callable[[str], None] | None = None,
-) -> list[QualityRow]:
-    """Measure native first, then each tier, on the first `windows` corpus windows of `length` tokens."""
-    data = corpus_windows(loaded.tokenizer, windows, length + 1)  # + the last target
-    config = loaded.model.config
+    source: str = "corpus",
+    text: str | None = None,
+    progress: Progress | None = None,
+) -> QualityRun:
+    """Native once, then each tier, on `windows` windows of `length` tokens of `text` or of the named source."""
     tiers = [as_tier(t) for t in tiers]
-    if not any(t.is_native for t in tiers):
-        tiers = [get_tier("native"), *tiers]
-    rows, native_nll = [], None
-    for tier in tiers:
-        caches = []
+    if not tiers:
+        raise ValueError("choose at least one tier")
+    label = "text" if text is not None else source
+    data = text_windows(loaded.tokenizer, text if text is not None else source_text(source), windows,
+                        length + 1, "the text" if text is not None else f"the {source}")
+    runs = [t for t in tiers if not t.is_native]
+    prefix = (length + 1) // 2
+    total = (1 + len(runs)) * (length - prefix)  # one forward per scored position, per run
+    done = 0
 
-        def fresh_cache(tier=tier, caches=caches):
-            cache = make_cache(config, tier)
-            caches.append(cache)
-            return cache
-
-        nlls, archive, bf16, entropy = [], 0, 0, 0
-        for index, window in enumerate(data):
-            nlls.append(decode_nll(loaded.model, window, fresh_cache).mean)
-            fp = footprint(caches[-1])
-            archive, bf16 = archive + fp.archive_bytes, bf16 + fp.bf16_bytes
-            entropy += entropy_coded_bytes(caches[-1]) or 0
+    def step(message: str) -> Callable[[], None]:
+        def on_step() -> None:
+            nonlocal done
+            done += 1
             if progress:
-                progress(f"{tier.name}: window {index + 1}/{windows} done")
-        nll = sum(nlls) / len(nlls)
-        native_nll = nll if tier.is_native else native_nll
-        rows.append(
-            QualityRow(
-                tier=tier.name,
-                description=tier.description,
-                archive_bytes=archive // windows,
-                bf16_bytes=bf16 // windows,
-                ratio_vs_bf16=archive / bf16,
-                nll=nll,
-                delta_nll_pct=delta_percent(nll, native_nll),
-                entropy_coded_bytes=entropy // windows if entropy else None,
-                windows=windows,
-                tokens_per_window=length,
-            )
-        )
-    return rows
+                progress(done, total, message)
+
+        return on_step
+
+    reference = native_reference(loaded.model, data, prefix, step("native"))
+    native = get_tier("native")
+    config = loaded.model.config
+    rows, scores = [], {}
+    for tier in [native, *runs]:
+        cache = make_cache(config, tier)
+        scores[tier.name] = score_cache(loaded.model, reference, cache, step(tier.name))
+        rows.append(_row(tier, reference, scores[tier.name], cache, label, windows, length))
+    tokens = [loaded.tokenizer.decode([t]) for t in reference.targets[0].tolist()]
+    return QualityRun(rows, reference, scores, tokens)
+
+
+def _row(tier: Tier, reference: Reference, scores: Scores, cache, source: str, windows: int, length: int):
+    fp = footprint(cache)
+    stats = compare(reference, scores)
+    entropy = entropy_coded_bytes(cache)
+    return QualityRow(
+        tier=tier.name,
+        description=tier.description,
+        archive_bytes=fp.archive_bytes // windows,
+        bf16_bytes=fp.bf16_bytes // windows,
+        ratio_vs_bf16=fp.ratio,
+        steady_state_ratio=fp.steady_state_ratio if not tier.is_native else fp.ratio,
+        kld=stats.kld.mean,
+        kld_se=stats.kld.se,
+        top1_pct=stats.top1_pct.mean,
+        top1_se=stats.top1_pct.se,
+        nll=stats.nll,
+        delta_nll_pct=stats.delta_nll_pct.mean,
+        delta_nll_se=stats.delta_nll_pct.se,
+        entropy_coded_bytes=entropy // windows if entropy else None,
+        source=source,
+        windows=windows,
+        tokens_per_window=length,
+        scored_positions=reference.positions,
+    )
 
 
 def entropy_coded_bytes(cache) -> int | None:
@@ -96,8 +139,7 @@ def entropy_coded_bytes(cache) -> int | None:
         if not all(hasattr(c, "entropy_nbytes") for c in codecs):
             return None
         fp = layer.footprint(0)
-        coded = layer.archive_k.nbytes + layer.archive_v.nbytes
-        total += fp.archive_bytes - coded  # raw sinks / tail, kept as they are
+        total += fp.archive_bytes - fp.code_bytes  # raw sinks / tail, kept as they are
         for codec, archive in zip(codecs, (layer.archive_k, layer.archive_v)):
             if archive.tokens:
                 total += codec.entropy_nbytes(archive.encoded())

@@ -1,147 +1,47 @@
-"""Side by side: greedy generation with the native cache and with codec caches, streamed as tokens come.
+"""Side by side: native and codec caches answer the same prompt, streamed token by token.
 
     for update in stream_side_by_side(loaded, [{"role": "user", "content": "Hi!"}], "turbo-4"):
         show(update.native.text, update.codec.text)
-    update.result        # Comparison: latency, token match, bytes, ΔNLL% of the turn (final update only)
+    update.result        # Comparison (final update only): bytes, latency, token match, KLD / top-1 / ΔNLL
 
-Every run starts from the same prompt ids. The native run and each codec run advance in
-turns, one token each (round robin, the order reversed every round), in the same process,
-so both panels fill together and their latencies are measured under the same machine load
-(design.md). `stream_runs` takes several tiers at once: the sweep runs native once beside
-all of them.
+One turn of `stream_turn` (measure/chat.py keeps the caches across turns; `stream_runs` starts fresh):
 
-After generation, the native continuation is teacher-forced through a fresh native cache
-and a fresh codec cache (measure/nll.py with prefix = the prompt): the turn's ΔNLL%.
+1. prefill the prompt tokens the caches do not hold yet, PREFILL_CHUNK tokens per forward (a Stop
+   takes effect between chunks). On empty caches the prompt is prefilled once, natively, and every
+   codec cache is filled from that native cache and archives it in one encode per layer: exactly what
+   a prefill through the codec cache gives, since a prefill attends its own tokens at full precision.
+2. every run generates greedily, one token each in turn (round robin, the order reversed every round),
+   in one process, so all latencies are measured under the same machine load (design.md).
+3. every other cache is rewound to the prompt and fed the native reply (teacher forcing), so both
+   caches predict each reply token from the same tokens: KL divergence from the native next-token
+   distribution, top-1 agreement and ΔNLL of the turn (measure/lockstep.py). Afterwards all caches
+   hold the same conversation. Rewinding crops the codec archive: the few prompt tokens of the archive
+   unit that straddles the prompt's end return to the raw tail with their decoded values.
+
+A native tier among the others runs as a second native cache: its latency ratio shows the timing noise.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
+from transformers import Cache, DynamicCache
 
-from codeckv.cache import CodecCache, footprint, make_cache
-from codeckv.generate import chat_input_ids, greedy_stream, stop_token_ids
-from codeckv.measure.nll import decode_nll, delta_percent
+from codeckv.cache import footprint, make_cache
+from codeckv.generate import chat_input_ids, next_logits, stop_token_ids
+from codeckv.layers import CodecLayer
+from codeckv.measure.lockstep import delta_percent, kl_divergence
+from codeckv.measure.runs import NATIVE, PEAK_SOURCE, Comparison, Panel, Prompt, RunStats, Update
 from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier, get_tier
 
-NATIVE = "native"  # label of the reference run
-Prompt = str | list[dict] | torch.Tensor  # raw text, chat messages [{"role": ..., "content": ...}], or (1, T) ids
-
-
-@dataclass
-class Panel:
-    """What one run has generated so far."""
-
-    label: str  # "native" or a tier name
-    token_ids: list[int]
-    text: str  # decoded without special tokens
-    done: bool  # stopped at a stop token or at max_new_tokens
-
-
-@dataclass
-class RunStats:
-    """One finished run: its tokens, its latency and the bytes its cache holds."""
-
-    label: str
-    token_ids: list[int]
-    text: str
-    prefill_s: float  # the prompt's forward plus archiving it (a codec cache encodes the prompt right after)
-    decode_ms: float  # median ms per decode step after one warm-up step (nan with fewer than 2 decode steps)
-    decode_ms_mean: float  # mean of the same steps: includes the periodic block-archiving steps the median hides
-    tokens_per_s: float  # generated tokens / wall seconds of all its forwards, prefill included
-    step_ms: list[float]  # every forward, prefill first
-    archive_bytes: int  # full-attention layers: what the cache must keep (a native cache: what it holds)
-    resident_bytes: int  # full-attention layers: archive + materialized view + capacity slack
-    bf16_bytes: int  # a bf16 native cache of the same tokens (the reference of every ratio)
-    native_layer_bytes: int  # sliding-window / linear layers, which always stay native
-    peak_memory_bytes: int
-    peak_memory_source: str  # what peak_memory_bytes measures (see _PEAK_SOURCE)
-
-
-@dataclass
-class Comparison:
-    """A codec run against the native run of the same prompt."""
-
-    tier: str
-    description: str
-    native: RunStats
-    codec: RunStats
-    token_match: float  # fraction of the native run's positions where the codec emitted the same token
-    first_divergence: int | None  # first position where they differ (or one has stopped), None if identical
-    latency_ratio: float  # codec decode_ms / native decode_ms
-    ratio_vs_bf16: float  # codec archive bytes / bf16 bytes of the same tokens
-    nll_native: float  # mean NLL of the native continuation teacher-forced through a native cache
-    nll_codec: float  # ... through the codec cache
-    delta_nll_pct: float
-    token_nll_native: list[float] = field(default_factory=list)  # (n - 1,) per scored token, nats
-    token_nll_codec: list[float] = field(default_factory=list)  # (n - 1,)
-    scored_tokens: list[str] = field(default_factory=list)  # (n - 1,) the native tokens 1..n-1, as text
-
-    def summary(self) -> dict:
-        """One flat row: the numbers a table or a JSON report shows."""
-        return {
-            "tier": self.tier,
-            "archive_bytes": self.codec.archive_bytes,
-            "resident_bytes": self.codec.resident_bytes,
-            "bf16_bytes": self.codec.bf16_bytes,
-            "native_bytes": self.native.archive_bytes,
-            "ratio_vs_bf16": self.ratio_vs_bf16,
-            "nll_native": self.nll_native,
-            "nll_codec": self.nll_codec,
-            "delta_nll_pct": self.delta_nll_pct,
-            "prefill_s": self.codec.prefill_s,
-            "native_prefill_s": self.native.prefill_s,
-            "decode_ms": self.codec.decode_ms,
-            "native_decode_ms": self.native.decode_ms,
-            "decode_ms_mean": self.codec.decode_ms_mean,
-            "native_decode_ms_mean": self.native.decode_ms_mean,
-            "latency_ratio": self.latency_ratio,
-            "tokens_per_s": self.codec.tokens_per_s,
-            "native_tokens_per_s": self.native.tokens_per_s,
-            "token_match": self.token_match,
-            "first_divergence": self.first_divergence,
-            "tokens": len(self.codec.token_ids),
-            "peak_memory_bytes": self.codec.peak_memory_bytes,
-            "native_peak_memory_bytes": self.native.peak_memory_bytes,
-            "peak_memory_source": self.codec.peak_memory_source,
-        }
-
-
-@dataclass
-class Update:
-    """One streamed state: every panel so far; `results` only on the final update."""
-
-    panels: dict[str, Panel]  # "native" first, then each tier by name
-    phase: str  # "generating", "scoring" (teacher-forced NLL) or "done"
-    progress: tuple[int, int]  # (forwards done, forwards expected), for a progress bar
-    results: dict[str, Comparison] | None = None  # tier name -> Comparison, when phase == "done"
-
-    @property
-    def native(self) -> Panel:
-        return self.panels[NATIVE]
-
-    @property
-    def codec(self) -> Panel:
-        """The first codec panel (the only one in a side-by-side run)."""
-        return next(p for label, p in self.panels.items() if label != NATIVE)
-
-    @property
-    def result(self) -> Comparison | None:
-        """The first tier's Comparison (the only one in a side-by-side run), once done."""
-        return next(iter(self.results.values())) if self.results else None
-
-
-_PEAK_SOURCE = {
-    "cuda": "cuda max_memory_allocated during the run's forwards (process-wide: weights, all caches, activations)",
-    "cpu": "cache resident bytes (CPU: tensors the cache holds, view and capacity slack included)",
-}
+PREFILL_CHUNK = 512  # prompt tokens per forward
 
 
 def prompt_ids(loaded: LoadedModel, prompt: Prompt, max_new_tokens: int = 0) -> torch.Tensor:
@@ -164,6 +64,252 @@ def prompt_ids(loaded: LoadedModel, prompt: Prompt, max_new_tokens: int = 0) -> 
     return ids
 
 
+class Run:
+    """One cache in a side-by-side turn: its prefill, decode steps and teacher forcing, timed."""
+
+    def __init__(self, loaded: LoadedModel, label: str, tier: Tier, materialization_free: bool = False) -> None:
+        self.loaded, self.label, self.tier, self.materialization_free = loaded, label, tier, materialization_free
+        self.cache = make_cache(loaded.model.config, tier, materialization_free)
+        self.held = 0  # tokens the cache holds
+        self.start_turn(0, 0)
+
+    def start_turn(self, prompt_tokens: int, max_new: int) -> None:
+        self.prompt_tokens, self.max_new = prompt_tokens, max_new
+        self.token_ids: list[int] = []
+        self.seconds: list[float] = []  # the prefill (with archiving), then every decode step
+        self.logprobs: list[torch.Tensor] = []  # (vocab,) float32 per generated position (kept by the reference)
+        self.first_logprobs: torch.Tensor | None = None  # the prefill's prediction
+        self.peak = 0  # cuda max_memory_allocated over this run's forwards
+        self.done = False
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Feed ids (1, n): the last position's fp32 logits (vocab,) and the seconds it took."""
+        device = self.loaded.model.device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        logits = next_logits(self.loaded.model, ids, self.cache)[0]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            self.peak = max(self.peak, torch.cuda.max_memory_allocated(device))
+        self.held += ids.shape[1]
+        return logits, time.perf_counter() - start
+
+    def archive(self) -> float:
+        """Archive what became archivable (the prompt after its prefill): seconds it took."""
+        start = time.perf_counter()
+        for layer in self.cache.layers:
+            if isinstance(layer, CodecLayer):
+                layer.flush()
+        if self.loaded.model.device.type == "cuda":
+            torch.cuda.synchronize(self.loaded.model.device)
+        return time.perf_counter() - start
+
+    def accept(self, logits: torch.Tensor, seconds: float, stop_ids, keep: bool) -> None:
+        """Take the argmax of `logits` as the next token; keep its log-probs if this run is the reference."""
+        logprobs = torch.log_softmax(logits, dim=-1).cpu()
+        if self.first_logprobs is None:
+            self.first_logprobs = logprobs
+        if keep:
+            self.logprobs.append(logprobs)
+        token = int(logits.argmax())
+        self.token_ids.append(token)
+        self.seconds.append(seconds)
+        self.done = token in stop_ids or len(self.token_ids) == self.max_new
+
+    def step(self, stop_ids, keep: bool) -> None:
+        """One decode step: feed the last token, take the next."""
+        last = torch.tensor([[self.token_ids[-1]]], device=self.loaded.model.device)
+        self.accept(*self.forward(last), stop_ids, keep)
+
+    def panel(self) -> Panel:
+        return Panel(self.label, list(self.token_ids), _text(self.loaded, self.token_ids), self.done)
+
+    def stats(self) -> RunStats:
+        fp = footprint(self.cache)
+        device = self.loaded.model.device.type
+        decode = self.seconds[2:]  # seconds[0] is the prefill, seconds[1] the warm-up step
+        peak = self.peak if device == "cuda" else fp.resident_bytes + fp.native_layer_bytes
+        return RunStats(
+            label=self.label,
+            token_ids=list(self.token_ids),
+            text=_text(self.loaded, self.token_ids),
+            prompt_tokens=self.prompt_tokens,
+            prefill_s=self.seconds[0],
+            decode_ms=1000 * statistics.median(decode) if decode else math.nan,
+            decode_ms_mean=1000 * statistics.fmean(decode) if decode else math.nan,
+            tokens_per_s=len(self.token_ids) / sum(self.seconds),
+            step_ms=[1000 * s for s in self.seconds],
+            footprint=fp,
+            peak_memory_bytes=peak,
+            peak_memory_source=PEAK_SOURCE["cuda" if device == "cuda" else "cpu"],
+        )
+
+
+def _text(loaded: LoadedModel, token_ids: list[int]) -> str:
+    return loaded.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def filled_from(native: Cache, run: Run) -> Cache:
+    """A cache for run's tier holding what `native` holds: codec layers archive it, other layers are copied."""
+    cache = make_cache(run.loaded.model.config, run.tier, run.materialization_free)
+    for index, (source, layer) in enumerate(zip(native.layers, cache.layers)):
+        if isinstance(layer, CodecLayer):
+            layer.update(source.keys, source.values)
+        else:
+            cache.layers[index] = copy.deepcopy(source)
+    return cache
+
+
+def stream_turn(
+    loaded: LoadedModel, runs: list[Run], ids: torch.Tensor, max_new_tokens: int, stop_ids
+) -> Iterator[Update]:
+    """One turn for every run on the prompt ids (1, T), which extend what the caches hold; runs[0] is native."""
+    reference, others = runs[0], runs[1:]
+    if any(r.held != reference.held for r in others) or reference.held >= ids.shape[1]:
+        raise ValueError("every cache must hold the same tokens, and fewer than the prompt")
+    held, prompt = reference.held, ids.shape[1]
+    chunks = math.ceil((prompt - held) / PREFILL_CHUNK)
+    total = chunks * (1 if held == 0 else len(runs)) + len(runs) * max_new_tokens + len(others) * max_new_tokens
+    done = 0
+
+    def update(phase: str, results=None) -> Update:
+        return Update({r.label: r.panel() for r in runs}, phase, (min(done, total), total), results)
+
+    for run in runs:
+        run.start_turn(prompt - held, max_new_tokens)
+    prefilling = [reference] if held == 0 else runs
+    prefilling += [r for r in others if held == 0 and r.tier.is_native]  # a second native cache prefills itself
+    for run in prefilling:
+        seconds = 0.0
+        for lo in range(held, prompt, PREFILL_CHUNK):
+            logits, took = run.forward(ids[:, lo : lo + PREFILL_CHUNK])
+            seconds += took
+            done += 1
+            yield update("prefill")
+        if run is reference:
+            first_logits = logits
+        run.accept(logits, seconds + run.archive(), stop_ids, run is reference)
+    for run in others:
+        if run not in prefilling:  # fill the codec cache from the native prefill, archive the prompt
+            start = time.perf_counter()
+            run.cache, run.held = filled_from(reference.cache, run), reference.held
+            took = time.perf_counter() - start + run.archive()
+            run.accept(first_logits, reference.seconds[0] + took, stop_ids, False)
+
+    rounds = 0
+    while not all(run.done for run in runs):
+        for run in runs if rounds % 2 == 0 else runs[::-1]:  # alternate the order: no run always goes first
+            if not run.done:
+                run.step(stop_ids, run is reference)
+                done += 1 + (max_new_tokens - len(run.token_ids) if run.done else 0)
+        rounds += 1
+        yield update("generating")
+
+    native = reference.stats()
+    results = {}
+    for run in others:
+        logprobs = [run.first_logprobs]  # position 0: predicted by the run's own prefill
+        for predicted in _teacher_force(loaded, run, reference.token_ids, ids):
+            logprobs.append(predicted)
+            done += 1
+            if done % 8 == 0:
+                yield update("scoring")
+        results[run.label] = _compare(loaded, run, native, reference, logprobs)
+        done += max_new_tokens - len(reference.token_ids)
+    yield update("done", results)
+
+
+def _teacher_force(loaded: LoadedModel, run: Run, reply: list[int], ids: torch.Tensor) -> Iterator[torch.Tensor]:
+    """Rewind run's cache to the prompt ids, then feed the reply: log-probs (vocab,) at reply positions 1.."""
+    rewind(loaded, run, ids, ids.shape[1])
+    for token in reply[:-1]:
+        logits, _ = run.forward(torch.tensor([[token]], device=loaded.model.device))
+        yield torch.log_softmax(logits, dim=-1).cpu()
+
+
+def rewind(loaded: LoadedModel, run: Run, ids: torch.Tensor, length: int) -> None:
+    """Make run's cache hold exactly ids[:, :length]: crop it, or refill it when its layers cannot crop."""
+    if run.held == length:
+        return
+    try:
+        run.cache.crop(length - run.held)
+        run.held = length
+    except RuntimeError:  # a sliding-window layer past its window keeps no past: start from a native prefill
+        native = DynamicCache(config=loaded.model.config)
+        with torch.inference_mode():
+            for lo in range(0, length, PREFILL_CHUNK):
+                next_logits(loaded.model, ids[:, lo : min(length, lo + PREFILL_CHUNK)], native)
+        run.cache = native if run.tier.is_native else filled_from(native, run)
+        run.held = length
+
+
+def _compare(loaded: LoadedModel, run: Run, native: RunStats, reference: Run, logprobs: list) -> Comparison:
+    reply = reference.token_ids
+    want, got = torch.stack(reference.logprobs), torch.stack(logprobs)  # (n, vocab)
+    target = torch.tensor(reply)[:, None]
+    nll_native, nll_codec = -want.gather(1, target)[:, 0], -got.gather(1, target)[:, 0]
+    kld = kl_divergence(want, got)
+    codec = run.stats()
+    ref, out = native.token_ids, codec.token_ids
+    same = [i < len(out) and out[i] == t for i, t in enumerate(ref)]
+    differ = [i for i in range(max(len(ref), len(out))) if i >= len(ref) or i >= len(out) or ref[i] != out[i]]
+    mean_native, mean_codec = float(nll_native.mean()), float(nll_codec.mean())
+    return Comparison(
+        tier=run.tier.name,
+        description=run.tier.description,
+        native=native,
+        codec=codec,
+        token_match=sum(same) / len(ref),
+        first_divergence=differ[0] if differ else None,
+        latency_ratio=codec.decode_ms / native.decode_ms,
+        ratio_vs_bf16=codec.footprint.ratio,
+        steady_state_ratio=codec.footprint.steady_state_ratio,
+        kld=float(kld.mean()),
+        top1_pct=100.0 * float((got.argmax(1) == want.argmax(1)).double().mean()),
+        nll_native=mean_native,
+        nll_codec=mean_codec,
+        delta_nll_pct=delta_percent(mean_codec, mean_native),
+        token_kld=kld.tolist(),
+        token_nll_native=nll_native.tolist(),
+        token_nll_codec=nll_codec.tolist(),
+        scored_tokens=[loaded.tokenizer.decode([t]) for t in reply],
+    )
+
+
+def labels_of(tiers: list[Tier]) -> list[str]:
+    """Tier names, unique; a native tier among them becomes "native (again)" beside the reference run."""
+    labels = []
+    for tier in tiers:
+        label = tier.name if tier.name != NATIVE else f"{NATIVE} (again)"
+        if label in labels:
+            raise ValueError(f"tier {tier.name!r} is listed twice")
+        labels.append(label)
+    return labels
+
+
+def stream_runs(
+    loaded: LoadedModel,
+    prompt: Prompt,
+    tiers: list[Tier | str],
+    max_new_tokens: int = 64,
+    stop_at_eos: bool = True,
+    materialization_free: bool = False,
+) -> Iterator[Update]:
+    """Native and every tier on fresh caches, one turn; the last update carries the results.
+
+    materialization_free: the codec caches keep no decoded view (attention reads the stored codes).
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    tiers = [as_tier(t) for t in tiers]
+    ids = prompt_ids(loaded, prompt, max_new_tokens)
+    stop_ids = stop_token_ids(loaded.tokenizer, loaded.model) if stop_at_eos else frozenset()
+    runs = [Run(loaded, NATIVE, get_tier(NATIVE))]
+    runs += [Run(loaded, label, tier, materialization_free) for label, tier in zip(labels_of(tiers), tiers)]
+    yield from stream_turn(loaded, runs, ids, max_new_tokens, stop_ids)
+
+
 def stream_side_by_side(
     loaded: LoadedModel, prompt: Prompt, tier: Tier | str, max_new_tokens: int = 64, stop_at_eos: bool = True,
     materialization_free: bool = False,
@@ -179,166 +325,3 @@ def run_side_by_side(
     """stream_side_by_side, consumed: the Comparison only."""
     updates = stream_side_by_side(loaded, prompt, tier, max_new_tokens, stop_at_eos, materialization_free)
     return deque(updates, maxlen=1)[0].result
-
-
-class _Run:
-    """One greedy run in progress: its cache, its token stream and what it produced."""
-
-    def __init__(self, loaded: LoadedModel, label: str, tier: Tier, ids: torch.Tensor, max_new: int, stop_ids,
-                 materialization_free: bool = False):
-        self.label, self.tier, self.materialization_free = label, tier, materialization_free
-        self.cache = make_cache(loaded.model.config, tier, materialization_free)
-        self.stream = greedy_stream(loaded.model, ids, self.cache, max_new, stop_ids)
-        self.max_new, self.stop_ids = max_new, stop_ids
-        self.token_ids: list[int] = []
-        self.seconds: list[float] = []
-        self.peak = 0  # cuda max_memory_allocated over this run's forwards
-        self.done = False
-
-    def advance(self, device: torch.device) -> None:
-        """Run one forward (prefill or one decode step)."""
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        step = next(self.stream)
-        seconds = step.seconds
-        if step.index == 0 and isinstance(self.cache, CodecCache):  # archiving the prompt is part of the prefill
-            start = time.perf_counter()
-            self.cache.flush()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            seconds += time.perf_counter() - start
-        if device.type == "cuda":
-            self.peak = max(self.peak, torch.cuda.max_memory_allocated(device))
-        self.token_ids.append(step.token_id)
-        self.seconds.append(seconds)
-        if step.token_id in self.stop_ids or len(self.token_ids) == self.max_new:
-            self.done = True
-            self.stream.close()
-
-    def stats(self, loaded: LoadedModel) -> RunStats:
-        fp = footprint(self.cache)
-        device = loaded.model.device.type
-        decode = self.seconds[2:]  # seconds[0] is the prefill, seconds[1] the warm-up step
-        peak = self.peak if device == "cuda" else fp.resident_bytes + fp.native_layer_bytes
-        return RunStats(
-            label=self.label,
-            token_ids=list(self.token_ids),
-            text=_text(loaded, self.token_ids),
-            prefill_s=self.seconds[0],
-            decode_ms=1000 * statistics.median(decode) if decode else math.nan,
-            decode_ms_mean=1000 * statistics.fmean(decode) if decode else math.nan,
-            tokens_per_s=len(self.token_ids) / sum(self.seconds),
-            step_ms=[1000 * s for s in self.seconds],
-            archive_bytes=fp.archive_bytes,
-            resident_bytes=fp.resident_bytes,
-            bf16_bytes=fp.bf16_bytes,
-            native_layer_bytes=fp.native_layer_bytes,
-            peak_memory_bytes=peak,
-            peak_memory_source=_PEAK_SOURCE["cuda" if device == "cuda" else "cpu"],
-        )
-
-
-def stream_runs(
-    loaded: LoadedModel,
-    prompt: Prompt,
-    tiers: list[Tier | str],
-    max_new_tokens: int = 64,
-    stop_at_eos: bool = True,
-    materialization_free: bool = False,
-) -> Iterator[Update]:
-    """Native and every tier generate in turns, one token each; then each is scored; the last update has results.
-
-    A native tier in `tiers` runs as a second native cache: its latency ratio shows the timing noise.
-    materialization_free: the codec caches keep no decoded view (attention reads the stored codes).
-    """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    tiers = [as_tier(t) for t in tiers]
-    ids = prompt_ids(loaded, prompt, max_new_tokens)  # (1, T)
-    stop_ids = stop_token_ids(loaded.tokenizer, loaded.model) if stop_at_eos else frozenset()
-    device = loaded.model.device
-    labels = _labels(tiers)
-    runs = [_Run(loaded, NATIVE, get_tier(NATIVE), ids, max_new_tokens, stop_ids)]
-    runs += [_Run(loaded, label, tier, ids, max_new_tokens, stop_ids, materialization_free)
-             for label, tier in zip(labels, tiers)]
-    total = 2 * len(runs) * max_new_tokens  # generation forwards + teacher-forced forwards (upper bound)
-    done = 0
-
-    rounds = 0
-    while not all(run.done for run in runs):
-        for run in runs if rounds % 2 == 0 else runs[::-1]:  # alternate the order: no run always goes first
-            if not run.done:
-                run.advance(device)
-                done += 1 + (max_new_tokens - len(run.token_ids) if run.done else 0)
-        rounds += 1
-        yield Update(_panels(loaded, runs), "generating", (done, total))
-
-    stats = {run.label: run.stats(loaded) for run in runs}
-    native = stats[NATIVE]
-    window = torch.cat([ids[0].cpu(), torch.tensor(native.token_ids)])  # (T + n,) prompt + native continuation
-    panels = _panels(loaded, runs)
-    nlls = {}
-    for run in runs:
-        nlls[run.label] = _turn_nll(loaded, window, ids.shape[1], run.tier, run.materialization_free)
-        done += max_new_tokens
-        yield Update(panels, "scoring", (done, total))
-
-    scored = [loaded.tokenizer.decode([t]) for t in native.token_ids[1:]]
-    results = {
-        label: _compare(tier, native, stats[label], nlls[NATIVE], nlls[label], scored)
-        for label, tier in zip(labels, tiers)
-    }
-    yield Update(panels, "done", (total, total), results)
-
-
-def _labels(tiers: list[Tier]) -> list[str]:
-    """Tier names, unique; a native tier among them becomes "native (again)" beside the reference run."""
-    labels = []
-    for tier in tiers:
-        label = tier.name if tier.name != NATIVE else f"{NATIVE} (again)"
-        if label in labels:
-            raise ValueError(f"tier {tier.name!r} is listed twice")
-        labels.append(label)
-    return labels
-
-
-def _panels(loaded: LoadedModel, runs: list[_Run]) -> dict[str, Panel]:
-    return {r.label: Panel(r.label, list(r.token_ids), _text(loaded, r.token_ids), r.done) for r in runs}
-
-
-def _text(loaded: LoadedModel, token_ids: list[int]) -> str:
-    return loaded.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-
-def _turn_nll(loaded: LoadedModel, window: torch.Tensor, prompt_len: int, tier: Tier, free: bool) -> torch.Tensor:
-    """(n - 1,) per-token NLL of the native continuation after the prompt; empty if it has < 2 tokens."""
-    if window.shape[0] - prompt_len < 2:
-        return torch.empty(0)
-    fresh = lambda: make_cache(loaded.model.config, tier, free)  # noqa: E731
-    return decode_nll(loaded.model, window, fresh, prefix=prompt_len).token_nll
-
-
-def _compare(
-    tier: Tier, native: RunStats, codec: RunStats, nll_native: torch.Tensor, nll_codec: torch.Tensor, scored: list[str]
-) -> Comparison:
-    ref, got = native.token_ids, codec.token_ids
-    same = [i < len(got) and got[i] == t for i, t in enumerate(ref)]
-    differ = [i for i in range(max(len(ref), len(got))) if i >= len(ref) or i >= len(got) or ref[i] != got[i]]
-    mean_native = float(nll_native.mean()) if nll_native.numel() else math.nan
-    mean_codec = float(nll_codec.mean()) if nll_codec.numel() else math.nan
-    return Comparison(
-        tier=tier.name,
-        description=tier.description,
-        native=native,
-        codec=codec,
-        token_match=sum(same) / len(ref),
-        first_divergence=differ[0] if differ else None,
-        latency_ratio=codec.decode_ms / native.decode_ms,
-        ratio_vs_bf16=codec.archive_bytes / codec.bf16_bytes if codec.bf16_bytes else math.nan,
-        nll_native=mean_native,
-        nll_codec=mean_codec,
-        delta_nll_pct=delta_percent(mean_codec, mean_native) if nll_native.numel() else math.nan,
-        token_nll_native=nll_native.tolist(),
-        token_nll_codec=nll_codec.tolist(),
-        scored_tokens=scored,
-    )

@@ -1,12 +1,13 @@
-"""Tier sweep: every tier (or a chosen set) on one prompt -> one table row per tier.
+"""Tier sweep on one chat prompt: generation-side numbers, one table row per tier (a single sample).
 
     result = sweep(loaded, [{"role": "user", "content": "Explain KV caches."}], ["png", "turbo-4"], 64)
-    result.rows          # SweepRow per tier: bytes, ratio vs bf16, ΔNLL%, latency ratio, token match, PSNR
+    result.rows          # SweepRow per tier: bytes, latency ratio, token match, KLD / top-1 / ΔNLL on the reply
 
-Generation reuses measure/side_by_side.py: the native run happens once, and every
-tier generates beside it in the same round robin (one token each in turn), so all
-latencies are measured under the same load. PSNR comes from measure/inspect.py on the
-K and V of the prompt plus the native continuation.
+Generation reuses measure/side_by_side.py: the native run happens once, and every tier generates
+beside it in the same round robin (one token each in turn), so all latencies are measured under the
+same load. The quality numbers come from one reply, so they are noisy: measure/quality.py measures
+quality on long text with its spread over windows. PSNR comes from measure/inspect.py on the K and V
+of the prompt plus the native continuation.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from codeckv.measure.inspect import capture_kv, layer_errors
-from codeckv.measure.side_by_side import Comparison, Prompt, RunStats, prompt_ids, stream_runs
+from codeckv.measure.runs import Comparison, Prompt, RunStats
+from codeckv.measure.side_by_side import prompt_ids, stream_runs
 from codeckv.models import LoadedModel
 from codeckv.tiers import TIERS, Tier, as_tier
 
@@ -34,6 +36,9 @@ class SweepRow:
     archive_bytes: int  # codec-carrying layers after the turn (a native tier: what the native cache holds)
     bf16_bytes: int  # a bf16 native cache of the same tokens
     ratio_vs_bf16: float
+    steady_state_ratio: float  # bytes per archived token / bf16 bytes per token
+    kld: float  # KL(native || tier) on the native reply, nats per token
+    top1_pct: float
     nll: float  # native continuation teacher-forced through the tier's cache
     delta_nll_pct: float
     prefill_s: float
@@ -96,6 +101,9 @@ def _row(cmp: Comparison, psnr: float) -> SweepRow:
         archive_bytes=cmp.codec.archive_bytes,
         bf16_bytes=cmp.codec.bf16_bytes,
         ratio_vs_bf16=cmp.ratio_vs_bf16,
+        steady_state_ratio=cmp.steady_state_ratio,
+        kld=cmp.kld,
+        top1_pct=cmp.top1_pct,
         nll=cmp.nll_codec,
         delta_nll_pct=cmp.delta_nll_pct,
         prefill_s=cmp.codec.prefill_s,

@@ -5,6 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from gradio_client import Client
 
+import app
+
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0]
 
 
@@ -20,25 +22,30 @@ def _text(message) -> str:
 
 
 def _chat(client, message, tokens=8, tier="png"):
-    return client.predict(message, [], [], "smollm2-135m", tier, tokens, False, *PLAIN, api_name="/chat")
+    return client.predict(message, None, None, "smollm2-135m", tier, tokens, False, *PLAIN, api_name="/chat")
 
 
 def test_chat_turn_over_the_api(client):
-    native, codec, native_stats, codec_stats, _ = _chat(client, "What is the capital of France?", tokens=12)
+    native, codec, native_stats, codec_stats, *_ = _chat(client, "What is the capital of France?", tokens=12)
     assert "Paris" in _text(native[-1])
-    assert "token match **100%**" in codec_stats
+    assert "token match **100%**" in codec_stats and "KL divergence **0.0000**" in codec_stats
 
 
-def test_two_tier_sweep_over_the_api(client):
-    table, *_ = client.predict("Say hello.", "smollm2-135m", ["png", "jpeg-k8-int8"], 8, api_name="/sweep")
-    assert [row[0] for row in table["data"]] == ["png", "jpeg-k8-int8"]
+def test_two_tier_sweeps_over_the_api(client):
+    source = next(iter(app.SOURCES))
+    table, *_ = client.predict(app.LONG_TEXT, source, "", None, 1, 128, "", 8, "smollm2-135m",
+                               ["png", "jpeg-k8-int8"], "KL divergence", api_name="/sweep")
+    assert [row[0] for row in table["data"]] == ["native", "png", "jpeg-k8-int8"]
+    table, *_ = client.predict(app.ONE_PROMPT, source, "", None, 1, 128, "Say hello.", 8, "smollm2-135m",
+                               ["png"], "KL divergence", api_name="/sweep")
+    assert [row[0] for row in table["data"]] == ["png"]
 
 
 def test_four_concurrent_chats_are_all_answered(client):
     questions = ["What is 2 + 2?", "Name a fruit.", "What colour is the sky?", "Say hi."]
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda q: _chat(Client(client.src, verbose=False), q, tier="turbo-4"), questions))
-    for native, codec, _, codec_stats, _ in answers:
+    for native, codec, _, codec_stats, *_ in answers:
         assert _text(native[-1]) and _text(codec[-1])
         assert "token match" in codec_stats
 

@@ -1,4 +1,4 @@
-"""The app's handlers called directly: streaming, stats, clear errors for bad input, nothing left alive."""
+"""The app's handlers called directly: streaming, stats, long documents, clear errors, caches released on Clear."""
 
 import gc
 
@@ -7,32 +7,49 @@ import pytest
 
 import app
 from codeckv.cache import CodecCache
+from codeckv.inputs import DOCUMENTS
+from codeckv.measure.chat import ChatSession
 
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0]  # Advanced accordion untouched: use the preset
 
 
-def _turn(message, tier="png", tokens=12, advanced=PLAIN, native=None, codec=None, materialization_free=False):
+def _turn(message, tier="png", tokens=12, advanced=PLAIN, session=None, materialization_free=False, document=None,
+          upload=None):
     model = "smollm2-135m"
-    return list(app.chat_turn(message, native or [], codec or [], model, tier, tokens, materialization_free, *advanced))
+    args = (message, document, upload, model, tier, tokens, materialization_free, *advanced, session)
+    return list(app.chat_turn(*args))
 
 
 def test_chat_streams_both_panels_and_reports_stats():
     updates = _turn("What is the capital of France?", tier="png")
     assert len(updates) > 3, "the answer must stream, not arrive at once"
-    native, codec, native_stats, codec_stats, cleared = updates[-1]
+    native, codec, native_stats, codec_stats, cleared, document, upload, session = updates[-1]
     assert native[-1]["role"] == codec[-1]["role"] == "assistant"
     assert "Paris" in native[-1]["content"] and native[-1]["content"] == codec[-1]["content"]
-    assert "token match **100%**" in codec_stats and "ΔNLL of the turn **+0.00%**" in codec_stats
-    assert "of bf16" in native_stats and cleared == ""
+    assert "KL divergence **0.0000**" in codec_stats and "top-1 agreement **100.0%**" in codec_stats
+    assert "token match **100%**" in codec_stats and "steady state" in codec_stats
+    assert "of bf16" in native_stats and cleared == "" and document is None and isinstance(session, ChatSession)
     lengths = [len(u[1][-1]["content"]) for u in updates]
     assert lengths == sorted(lengths), "the codec panel fills progressively"
 
 
-def test_multi_turn_keeps_the_conversation():
-    first = _turn("My name is Ada.", tokens=8)[-1]
-    second = _turn("What is my name?", tokens=8, native=first[0], codec=first[1])[-1]
+def test_multi_turn_keeps_the_conversation_and_prefills_only_the_new_turn():
+    session = _turn("My name is Ada.", tokens=8)[-1][-1]
+    second = _turn("What is my name?", tokens=8, session=session)[-1]
     assert [m["role"] for m in second[0]] == ["user", "assistant", "user", "assistant"]
-    assert len(second[1]) == 4
+    assert len(second[1]) == 4 and "prefill of " in second[2]
+    assert session.runs[0].prompt_tokens < 20, "the second turn prefills its own tokens only"
+
+
+def test_long_document_turn_shows_real_ratios():
+    title = next(iter(DOCUMENTS))
+    updates = _turn("What does the finally clause do?", tier="turbo-4", tokens=16, document=title)
+    native, codec, _, codec_stats, *_ = updates[-1]
+    assert native[0]["content"].startswith(f"[document: {title}"), "the chat shows the document as a note"
+    session = updates[-1][-1]
+    assert session.exchanges[0].user.startswith("The \"try\" statement"), "the model reads the whole document"
+    fp = session.last.result.codec.footprint
+    assert fp.archived_tokens > 1800 and abs(fp.ratio - fp.steady_state_ratio) < 0.05, "turn ratio near steady state"
 
 
 @pytest.mark.parametrize(
@@ -50,14 +67,28 @@ def test_bad_input_gives_a_clear_error(message, advanced, expected):
 
 
 def test_custom_tier_from_advanced_settings_runs():
-    native, codec, _, codec_stats, _ = _turn("Name a colour.", advanced=[True, 8, 4, "8", "same", 64, False, 4, 16])[-1]
+    advanced = [True, 8, 4, "8", "same", 64, False, 4, 16]
+    native, codec, _, codec_stats, *_ = _turn("Name a colour.", advanced=advanced)[-1]
     assert codec[-1]["content"] and "**custom**" in codec_stats
 
 
 def test_materialization_free_turn_matches_native():
     question = "What is the capital of France?"
-    native, codec, _, codec_stats, _ = _turn(question, tier="png", materialization_free=True)[-1]
+    native, codec, _, codec_stats, *_ = _turn(question, tier="png", materialization_free=True)[-1]
     assert codec[-1]["content"] == native[-1]["content"] and "token match **100%**" in codec_stats
+
+
+def test_stop_keeps_the_partial_turn_and_says_so():
+    session = ChatSession()
+    stream = app.chat_turn("Count from one to fifty.", None, None, "smollm2-135m", "turbo-4", 64, False, *PLAIN,
+                           session)
+    for update in stream:
+        if len(update[0][-1]["content"]) > 5:
+            break
+    native, codec, native_stats, codec_stats = app.stop_turn(session)
+    stream.close()
+    assert "**stopped** after" in native_stats and "not scored" in codec_stats
+    assert native[-1]["content"] and session.runs == [] and len(session.exchanges) == 1
 
 
 def test_unknown_model_is_a_clear_error():
@@ -77,19 +108,47 @@ def test_inspect_returns_figures_and_summary():
     assert "layer 3, head 1" in summary and "PSNR" in summary and "inf dB" not in summary
 
 
-def test_sweep_over_two_tiers(tmp_path):
-    table, *figures, files, result, choice = app.run_sweep(
-        "Say hello.", "smollm2-135m", ["png", "int8"], 8, progress=lambda *a, **k: None
-    )
-    assert [row[0] for row in table] == ["png", "int8"]
-    assert all(f is not None for f in figures)
+def _sweep(mode, tiers, **overrides):
+    args = dict(mode=mode, source=next(iter(app.SOURCES)), pasted="", upload=None, windows=2, length=64,
+                prompt="Say hello.", new_tokens=8, model_name="smollm2-135m", tier_names=tiers, metric="KL divergence")
+    args.update(overrides)
+    return app.run_sweep(*args.values(), progress=lambda *a, **k: None)
+
+
+def test_long_text_sweep_reports_spread_and_files():
+    table, pareto, latency, match, token_kld, files, result, choice = _sweep(app.LONG_TEXT, ["png", "int8"])
+    assert [row[0] for row in table["data"]] == ["native", "png", "int8"]
+    assert "±" in table["data"][2][3], "KLD carries its standard error over windows"
+    assert pareto is not None and token_kld is not None and latency["visible"] is False
     assert [p.rsplit(".", 1)[-1] for p in files] == ["csv", "json"]
-    assert choice["choices"] == list(result.comparisons)
+    assert choice["choices"] == ["png", "int8"]
+    assert app.pareto_for(result, "ΔNLL").layout.yaxis.title.text == "ΔNLL vs native (%)"
 
 
-def test_no_cache_outlives_its_request():
-    for _ in range(2):
-        _turn("Count to three.", tier="turbo-4", tokens=8)
+def test_one_prompt_sweep_and_pasted_text_sweep():
+    table, *_ = _sweep(app.ONE_PROMPT, ["png", "int8"])
+    assert [row[0] for row in table["data"]] == ["png", "int8"]
+    text = "The quick brown fox jumps over the lazy dog. " * 40
+    table, *_ = _sweep(app.LONG_TEXT, ["int8"], source="pasted text", pasted=text, windows=1)
+    assert [row[0] for row in table["data"]] == ["native", "int8"]
+    with pytest.raises(gr.Error, match="fewer than 8 windows"):
+        _sweep(app.LONG_TEXT, ["int8"], source="pasted text", pasted=text, windows=8, length=512)
+
+
+def test_clear_releases_the_session_caches():
+    session = _turn("Count to three.", tier="turbo-4", tokens=8)[-1][-1]
+    assert any(isinstance(o, CodecCache) for o in gc.get_objects()), "the conversation keeps its caches"
+    app.clear_chat(session)
     gc.collect()
     alive = [o for o in gc.get_objects() if isinstance(o, CodecCache)]
-    assert alive == [], f"{len(alive)} codec caches are still referenced after the requests ended"
+    assert alive == [], f"{len(alive)} codec caches are still referenced after Clear"
+
+
+def test_needle_tab_runs_a_small_grid():
+    figure, table, path = app.run_needle([512], ["0%", "100%"], ["turbo-4"], "smollm2-135m",
+                                         progress=lambda *a, **k: None)
+    assert [row[0] for row in table["data"]] == ["native", "native", "turbo-4", "turbo-4"]
+    assert all(row[4] == "yes" for row in table["data"][:2]), "the embedded model finds the key at 512 tokens"
+    assert len(figure.data) == 2 and path.endswith("needle.csv")
+    with pytest.raises(gr.Error, match="at least one length"):
+        app.run_needle([], ["0%"], ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)

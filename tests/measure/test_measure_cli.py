@@ -12,7 +12,7 @@ def test_sweep_cli_writes_table_and_charts(tmp_path, capsys):
     rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
     assert [r["tier"] for r in rows] == ["png"] and rows[0]["psnr_db"] is None, "inf is written as null"
     assert (tmp_path / "sweep.csv").read_text().startswith("tier,")
-    html = (tmp_path / "pareto.html").read_text()
+    html = (tmp_path / "pareto_kld.html").read_text()
     assert 'src="https://cdn.plot.ly' not in html and len(html) > 1_000_000, "plotly.js is embedded (works offline)"
 
 

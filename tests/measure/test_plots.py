@@ -18,13 +18,14 @@ def _figures(swept, view):
     cmp = result.comparisons["jpeg-k2"]
     return {
         "pareto": plots.pareto_figure(result.rows),
+        "pareto_kld": plots.pareto_figure(result.rows, "kld"),
         "latency": plots.latency_figure(result.rows),
         "token_match": plots.token_match_figure(result.rows),
         "heatmap_key": plots.kv_heatmap_figure(view.head, "key", view.tokens),
         "heatmap_value": plots.kv_heatmap_figure(view.head, "value"),
         "spectrum": plots.spectrum_figure(view.spectrum),
         "layer_errors": plots.layer_error_figure(view.layers),
-        "token_nll": plots.token_nll_figure(cmp.token_nll_native, cmp.token_nll_codec, cmp.scored_tokens, cmp.tier),
+        "token_kld": plots.token_kld_figure(cmp.token_kld, cmp.scored_tokens, cmp.tier),
         "var_ratio": plots.var_ratio_figure(view.layers),
     }
 
@@ -51,3 +52,12 @@ def test_png_heatmap_and_lossless_psnr_build(capture):
 def test_pareto_front_keeps_only_undominated_points():
     points = [(0.5, 1.0), (0.25, 5.0), (0.6, 2.0), (1.0, 0.0), (0.25, 6.0)]
     assert plots.pareto_front(points) == [1, 0, 3]
+
+
+def test_pareto_draws_error_bars_from_the_standard_errors():
+    rows = [{"tier": "a", "ratio_vs_bf16": 0.3, "archive_bytes": 10, "kld": 0.01, "kld_se": 0.002},
+            {"tier": "b", "ratio_vs_bf16": 0.5, "archive_bytes": 20, "kld": 0.004, "kld_se": 0.001}]
+    points = plots.pareto_figure(rows, "kld").data[1]
+    assert list(points.error_y.array) == [0.002, 0.001] and points.error_y.visible
+    with pytest.raises(ValueError, match="allowed: kld, delta_nll_pct"):
+        plots.pareto_figure(rows, "psnr")

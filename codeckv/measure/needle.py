@@ -1,0 +1,137 @@
+"""Needle (pass key) retrieval per tier: a 5-digit key hidden at a depth of filler text of a given length.
+
+    grid = needle_grid(loaded, ["turbo-4", "jpeg-k2"], lengths=[1024, 4096], depths=[0.0, 0.5, 1.0])
+    grid.rows       # NeedleRow per (tier, length, depth): retrieved or not, and the answer
+
+The prompt (one user turn through the chat template) asks for a pass key hidden in repetitive filler,
+as in the pass-key retrieval test of Mohtashami & Jaggi (2023): an instruction, filler sentences with
+the key sentence inserted after `depth` of them, then the question. `length` is the prompt's length
+in tokens (within one filler sentence). Each (length, depth) is prefilled once, natively, in chunks;
+every tier's cache is filled from that native cache (exactly a prefill through the codec cache,
+measure/side_by_side.py) and answers greedily. Retrieved = the key appears in the answer.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import DynamicCache
+
+from codeckv.cache import footprint
+from codeckv.generate import chat_input_ids, next_logits, stop_token_ids
+from codeckv.measure.side_by_side import PREFILL_CHUNK, Run, filled_from
+from codeckv.models import LoadedModel
+from codeckv.tiers import Tier, as_tier, get_tier
+
+INTRO = ("There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
+         "I will quiz you about the pass key.\n\n")
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
+QUESTION = "\n\nWhat is the pass key?"
+ANSWER_TOKENS = 16
+Progress = Callable[[int, int, str], None]  # (cells done, cells in all, message); may raise to stop
+
+
+@dataclass
+class NeedleRow:
+    tier: str
+    length: int  # prompt tokens asked for
+    tokens: int  # prompt tokens built
+    depth: float  # where the key sits in the filler: 0 = first, 1 = last
+    key: str
+    retrieved: bool
+    answer: str
+    ratio_vs_bf16: float  # the tier's cache holding the prompt
+
+
+@dataclass
+class NeedleGrid:
+    rows: list[NeedleRow]
+    tiers: list[str]  # "native" first
+    lengths: list[int]
+    depths: list[float]
+
+    def retrieved(self, tier: str) -> torch.Tensor:
+        """(depths, lengths) 1.0 where `tier` retrieved the key."""
+        grid = torch.zeros(len(self.depths), len(self.lengths))
+        for row in self.rows:
+            if row.tier == tier:
+                grid[self.depths.index(row.depth), self.lengths.index(row.length)] = float(row.retrieved)
+        return grid
+
+
+def needle_key(length: int, depth: float) -> str:
+    """A fixed 5-digit key per cell, so runs are repeatable and cells differ."""
+    return str(random.Random(f"{length}:{depth}").randrange(10_000, 100_000))
+
+
+def needle_prompt(loaded: LoadedModel, length: int, depth: float, key: str) -> torch.Tensor:
+    """(1, T) ids of the chat prompt with the key at `depth` of the filler, T within one filler sentence of length."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth={depth} must be in [0, 1]")
+
+    def build(units: int) -> torch.Tensor:
+        at = round(depth * units)
+        haystack = FILLER * at + NEEDLE.format(key=key) + FILLER * (units - at)
+        message = [{"role": "user", "content": INTRO + haystack + QUESTION}]
+        return chat_input_ids(loaded.tokenizer, message, loaded.model.device)
+
+    bare = build(0).shape[1]
+    per_unit = (build(8).shape[1] - bare) / 8
+    if length < bare + per_unit:
+        raise ValueError(f"length={length} is too short: the instruction and the key alone take {bare} tokens")
+    return build(int((length - bare) / per_unit))
+
+
+@torch.inference_mode()
+def _answer(loaded: LoadedModel, run: Run, first: torch.Tensor, stop_ids) -> str:
+    """Greedy answer from a cache holding the prompt, whose prefill predicted `first` (logits)."""
+    tokens = [int(first.argmax())]
+    while tokens[-1] not in stop_ids and len(tokens) < ANSWER_TOKENS:
+        logits = next_logits(loaded.model, torch.tensor([[tokens[-1]]], device=loaded.model.device), run.cache)
+        tokens.append(int(logits[0].argmax()))
+    return loaded.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def needle_grid(
+    loaded: LoadedModel,
+    tiers: list[Tier | str],
+    lengths: list[int],
+    depths: list[float],
+    progress: Progress | None = None,
+) -> NeedleGrid:
+    """Native and every tier on every (length, depth): retrieved or not."""
+    tiers = [get_tier("native")] + [t for t in (as_tier(t) for t in tiers) if not t.is_native]
+    longest = max(lengths) + ANSWER_TOKENS
+    if longest > loaded.info.max_context:
+        raise ValueError(f"length {max(lengths)} + {ANSWER_TOKENS} answer tokens exceeds {loaded.info.name}'s "
+                         f"context of {loaded.info.max_context} tokens")
+    stop_ids = stop_token_ids(loaded.tokenizer, loaded.model)
+    rows, cells, done = [], len(lengths) * len(depths), 0
+    for length in lengths:
+        for depth in depths:
+            key = needle_key(length, depth)
+            ids = needle_prompt(loaded, length, depth, key)
+            native = DynamicCache(config=loaded.model.config)
+            with torch.inference_mode():
+                for lo in range(0, ids.shape[1], PREFILL_CHUNK):
+                    first = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], native)[0]
+            for tier in tiers[::-1]:  # native last: answering extends the cache the others are filled from
+                run = Run(loaded, tier.name, tier)
+                run.cache = native if tier.is_native else filled_from(native, run)
+                ratio = footprint(run.cache).ratio
+                answer = _answer(loaded, run, first, stop_ids)
+                rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, key in answer, answer, ratio))
+            done += 1
+            if progress:
+                progress(done, cells, f"{length} tokens, depth {depth:g}")
+    order = {t.name: i for i, t in enumerate(tiers)}
+    rows.sort(key=lambda r: (order[r.tier], r.length, r.depth))
+    return NeedleGrid(rows, [t.name for t in tiers], list(lengths), list(depths))
+
+
+def as_dicts(rows: list[NeedleRow]) -> list[dict]:
+    return [asdict(r) for r in rows]

@@ -1,0 +1,62 @@
+"""A chat session keeps both caches across turns: each turn prefills its new tokens only, both caches hold the
+same conversation, a stop keeps what was generated, and a hybrid model's sliding layers are refilled when a
+rewind cannot crop them."""
+
+import torch
+
+from codeckv.measure.chat import ChatSession, common_prefix
+from codeckv.measure.side_by_side import Run, stream_turn
+from codeckv.models import LoadedModel, _describe
+from codeckv.tiers import get_tier
+
+
+def _ask(session, loaded, message, tier="turbo-4", tokens=8):
+    *_, last = session.ask(loaded, message, tier, tokens)
+    return last.result
+
+
+def test_later_turns_prefill_only_their_new_tokens(loaded):
+    session = ChatSession()
+    first = _ask(session, loaded, "My name is Ada. Please remember it.")
+    held_after_first = len(session.held)
+    second = _ask(session, loaded, "What is my name?")
+    third = _ask(session, loaded, "Spell it backwards.")
+    assert first.native.prompt_tokens == first.codec.prompt_tokens > 20
+    assert second.native.prompt_tokens < 20 and third.native.prompt_tokens < 20, "only the new turn is prefilled"
+    assert len(session.held) > held_after_first
+    native, codec = session.runs
+    assert native.held == codec.held == len(session.held), "both caches hold the same conversation"
+    assert [e.shown for e in session.exchanges] == ["My name is Ada. Please remember it.", "What is my name?",
+                                                    "Spell it backwards."]
+    assert session.messages()[-1] == {"role": "assistant", "content": third.native.text}
+
+
+def test_a_new_tier_starts_over_and_a_stop_keeps_the_partial_turn(loaded):
+    session = ChatSession()
+    _ask(session, loaded, "Name a colour.", tier="png")
+    first_runs = session.runs
+    updates = session.ask(loaded, "Name another one.", "turbo-4", 24)
+    for update in updates:
+        if update.phase == "generating":
+            break
+    last = session.stop()
+    updates.close()
+    assert session.runs != first_runs or session.runs == [], "another tier builds new caches"
+    assert last is not None and last.phase == "generating" and session.runs == []
+    assert session.exchanges[-1].shown == "Name another one." and session.exchanges[-1].native == last.native.text
+    again = _ask(session, loaded, "And a third?")
+    assert again.native.prompt_tokens > 20, "after a stop the conversation is prefilled again"
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and common_prefix([], [1]) == 0
+
+
+def test_hybrid_sliding_layers_are_refilled_when_the_codec_cache_rewinds(tiny_gemma3, loaded):
+    tiny = LoadedModel(tiny_gemma3, loaded.tokenizer, _describe("tiny-gemma3", "test", tiny_gemma3, 0.0))
+    ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(0))  # past the 16-token window
+    runs = [Run(tiny, "native", get_tier("native")), Run(tiny, "png", get_tier("png"))]
+    *_, last = stream_turn(tiny, runs, ids, 8, frozenset())
+    result = last.result
+    assert result.kld == 0.0 and result.top1_pct == 100.0 and result.token_match == 1.0, "png on a hybrid is exact"
+    assert runs[1].held == runs[0].held == 40 + 7

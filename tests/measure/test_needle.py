@@ -1,0 +1,28 @@
+"""The needle prompt has the asked length and the key at the asked depth; the grid marks retrieval per tier."""
+
+import pytest
+
+from codeckv.measure.needle import needle_grid, needle_key, needle_prompt
+from codeckv.plots import needle_figure
+
+
+def test_prompt_length_and_key_position(loaded):
+    key = needle_key(600, 0.5)
+    ids = needle_prompt(loaded, 600, 0.5, key)
+    text = loaded.tokenizer.decode(ids[0])
+    assert abs(ids.shape[1] - 600) <= 25 and text.count(key) == 2
+    assert 0.3 < text.index(key) / len(text) < 0.7, "depth 0.5: the key sits in the middle of the filler"
+    at_end = loaded.tokenizer.decode(needle_prompt(loaded, 600, 1.0, key)[0])
+    assert at_end.index(key) / len(at_end) > 0.8
+    with pytest.raises(ValueError, match="too short"):
+        needle_prompt(loaded, 20, 0.0, key)
+
+
+def test_grid_native_retrieves_and_png_matches_it(loaded):
+    grid = needle_grid(loaded, ["png"], [300], [0.0, 1.0])
+    assert grid.tiers == ["native", "png"] and len(grid.rows) == 4
+    assert grid.retrieved("native").tolist() == [[1.0], [1.0]]
+    assert grid.retrieved("png").tolist() == grid.retrieved("native").tolist(), "lossless answers like native"
+    assert len(needle_figure(grid).data) == 2
+    with pytest.raises(ValueError, match="context of 8192"):
+        needle_grid(loaded, ["png"], [9000], [0.0])
