@@ -19,44 +19,57 @@ from pathlib import Path
 
 import gradio as gr
 
-from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure, worst_tier
+from codeckv.figures import inspect_figures, quality_figures, token_kld_figure, worst_tier
 from codeckv.formatting import (
     codec_stats_markdown,
     model_markdown,
     native_stats_markdown,
     progress_markdown,
-    quality_table,
     stopped_markdown,
-    sweep_table,
 )
-from codeckv.inputs import DOCUMENTS, TEXT_FILE_TYPES, read_text_file, with_document
+from codeckv.inputs import (
+    BITS_CHOICES,
+    DOCUMENTS,
+    TEXT_FILE_TYPES,
+    fits_model,
+    one_of,
+    tier_from_knobs,
+    user_text,
+    whole,
+    with_document,
+)
+from codeckv.limits import Limits, release_memory
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.corpus import corpus_text
 from codeckv.measure.inspect import inspect_tier
 from codeckv.measure.needle import as_dicts as needle_dicts
-from codeckv.measure.needle import needle_grid
-from codeckv.measure.quality import QualityRun, as_dicts, measure_quality
-from codeckv.measure.sweep import as_dicts as sweep_dicts
-from codeckv.measure.sweep import sweep
+from codeckv.measure.quality import QualityRun
+from codeckv.measure.side_by_side import prompt_ids
 from codeckv.measure.table import write_csv, write_json
-from codeckv.models import DEFAULT_MODEL, ModelUnavailableError, available_models, shared_model
+from codeckv.models import DEFAULT_MODEL, ModelUnavailableError
 from codeckv.plots import needle_figure, pareto_figure
-from codeckv.tiers import TIERS, custom_tier, get_tier
+from codeckv.pool import POOL
+from codeckv.service import (
+    LONG_TEXT,
+    METRICS,
+    NEEDLE_DEPTHS,
+    NEEDLE_LENGTHS,
+    ONE_PROMPT,
+    SOURCES,
+    chat_panels,
+    needle_cells,
+    needle_request,
+    needle_table,
+    sweep_request,
+)
+from codeckv.tiers import TIERS
 from kernels import backend_name
 
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
 EXAMPLES = [line for line in (Path(__file__).parent / "assets" / "examples.txt").read_text().splitlines() if line]
 LONG_EXAMPLE = ["What does the finally clause do? Answer in two sentences.", next(iter(DOCUMENTS))]
 INSPECT_TEXT = corpus_text()[:1500]  # ~370 tokens of the Python reference: enough blocks to see spectra
-MAX_NEW_TOKENS = 256
-BITS_CHOICES = ["none", "2", "3", "4", "8"]
-LONG_TEXT = "long text: KL divergence, top-1, ΔNLL with their spread over windows"
-ONE_PROMPT = "one chat prompt: latency, token match, first divergence (a single sample)"
-SOURCES = {"embedded corpus (Python reference)": "corpus", "held-out text (stdlib docstrings)": "docstrings",
-           "pasted text": "pasted", "uploaded file": "file"}
-METRICS = {"KL divergence": "kld", "ΔNLL": "delta_nll_pct"}
-NEEDLE_LENGTHS = [512, 1024, 2048, 4096, 8000]
-NEEDLE_DEPTHS = ["0%", "25%", "50%", "75%", "100%"]
+LIMITS = Limits.from_env()  # the operator's per-request budgets (codeckv/limits.py); requests read them afresh
 REPORTS = Path(tempfile.mkdtemp(prefix="codeckv-reports-"))  # sweep downloads; the newest KEEP_REPORTS are kept
 KEEP_REPORTS = 16
 atexit.register(shutil.rmtree, REPORTS, ignore_errors=True)
@@ -93,56 +106,39 @@ def guarded(handler):
     return call
 
 
-def resolve_tier(name, custom, block_size, k, bits, value_bits, group, rotation, keep_first, keep_recent):
-    """The chosen preset, or a custom tier from the Advanced settings (ValueError names allowed values)."""
-    if not custom:
-        return get_tier(name)
-    return custom_tier(
-        block_size=int(block_size),
-        k=int(k) if k else None,
-        bits=None if bits == "none" else int(bits),
-        value_bits=None if value_bits in ("same", None) else int(value_bits),
-        group=int(group),
-        rotation=bool(rotation),
-        lloyd_max=bool(rotation and bits != "none"),
-        keep_first=int(keep_first),
-        keep_recent=int(keep_recent),
-    )
-
-
-def require_text(text) -> None:
-    """A clear error for an empty prompt (its length is checked where it is tokenized, in codeckv)."""
-    if not isinstance(text, str) or not text.strip():
-        raise gr.Error("The prompt is empty: type something first.")
-
-
-def chat_panels(session: ChatSession, pending: tuple[str, str, str] | None = None) -> tuple[list, list]:
-    """The two chat panels: every exchange so far (the native and the codec side), then the turn in progress."""
-    native, codec = [], []
-    turns = [(e.shown, e.native, e.codec) for e in session.exchanges] + ([pending] if pending else [])
-    for shown, native_reply, codec_reply in turns:
-        native += [{"role": "user", "content": shown}, {"role": "assistant", "content": native_reply}]
-        codec += [{"role": "user", "content": shown}, {"role": "assistant", "content": codec_reply}]
-    return native, codec
-
-
 @guarded
 def chat_turn(message, document, upload, model_name, tier_name, max_new_tokens, materialization_free, *rest):
     """Stream one turn in both panels; both caches see the same conversation (the native replies)."""
     *advanced, session = rest
     session = session if isinstance(session, ChatSession) else ChatSession()
-    require_text(message)
-    loaded = shared_model(model_name)
-    tier = resolve_tier(tier_name, *advanced)
-    user, shown = with_document(message, document, upload)
-    for update in session.ask(loaded, user, tier, int(max_new_tokens), bool(materialization_free), shown):
-        native, codec = chat_panels(session, (shown, update.native.text, update.codec.text))
-        if update.result is None:
-            waiting = progress_markdown(update)
-            yield native, codec, waiting, waiting, "", None, None, session
-        else:
-            stats = native_stats_markdown(update.result), codec_stats_markdown(update.result)
-            yield native, codec, *stats, "", None, None, session
+    limits = Limits.from_env()
+    deadline = limits.deadline()
+    message = user_text(message)
+    max_new_tokens = whole(max_new_tokens, "max new tokens", 1, limits.max_new_tokens)
+    tier = tier_from_knobs(tier_name, *advanced)
+    user, shown = with_document(message, one_of(document, "document", DOCUMENTS) if document else None, upload)
+    try:
+        with POOL.lease(model_name) as loaded:
+            fits_model(tier, loaded.info)
+            turn = session.ask(loaded, user, tier, max_new_tokens, bool(materialization_free), shown,
+                               limits.max_prompt_tokens)
+            for update in turn:
+                native, codec = chat_panels(session, (shown, update.native.text, update.codec.text))
+                if deadline.passed:
+                    last = session.stop()
+                    native, codec = chat_panels(session)
+                    budget = f" (its time budget of {limits.max_request_seconds} s ran out)"
+                    stats = stopped_markdown(last, "native") + budget, stopped_markdown(last, "codec") + budget
+                    yield native, codec, *stats, "", None, None, session
+                    return
+                if update.result is None:
+                    waiting = progress_markdown(update)
+                    yield native, codec, waiting, waiting, "", None, None, session
+                else:
+                    stats = native_stats_markdown(update.result), codec_stats_markdown(update.result)
+                    yield native, codec, *stats, "", None, None, session
+    finally:
+        release_memory()
 
 
 def stop_turn(session):
@@ -158,6 +154,7 @@ def clear_chat(session):
     """Forget the conversation and release both caches."""
     if isinstance(session, ChatSession):
         session.clear()
+    release_memory()
     return [], [], "", "", session
 
 
@@ -165,11 +162,19 @@ def clear_chat(session):
 def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
     """Heatmaps of one (layer, head), DCT spectra, per-layer errors and smoothness for a tier."""
     *advanced, layer, head, which = advanced_and_view
-    loaded = shared_model(model_name)
-    tier = resolve_tier(tier_name, *advanced)
-    require_text(prompt)
-    layer, head = min(int(layer), len(loaded.info.layer_types) - 1), min(int(head), loaded.info.num_kv_heads - 1)
-    view = inspect_tier(loaded, prompt, tier, layer=layer, head=head)
+    limits = Limits.from_env()
+    prompt = user_text(prompt, "the text")
+    tier = tier_from_knobs(tier_name, *advanced)
+    which = one_of(which, "tensor", ("K", "V"))
+    try:
+        with POOL.lease(model_name) as loaded:
+            fits_model(tier, loaded.info)
+            layer = whole(layer, "layer", 0, len(loaded.info.layer_types) - 1)
+            head = whole(head, "KV head", 0, loaded.info.num_kv_heads - 1)
+            ids = prompt_ids(loaded, prompt, limit=limits.max_inspect_tokens)
+            view = inspect_tier(loaded, ids, tier, layer=layer, head=head)
+    finally:
+        release_memory()
     start, end = view.head.archived
     errors = view.layers[layer]
     summary = (
@@ -183,7 +188,7 @@ def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
 
 
 def report_folder() -> Path:
-    """A fresh folder for one sweep's downloads; older ones beyond KEEP_REPORTS are removed."""
+    """A fresh folder for one request's downloads; older ones beyond KEEP_REPORTS are removed."""
     folders = sorted(REPORTS.iterdir(), key=lambda p: p.stat().st_mtime)
     for old in folders[: max(0, len(folders) - KEEP_REPORTS + 1)]:
         shutil.rmtree(old, ignore_errors=True)
@@ -193,43 +198,32 @@ def report_folder() -> Path:
 
 
 @guarded
-def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens, model_name, tier_names, metric,
+def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens, model_name, tiers, metric,
               progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
     """Every chosen tier: on long text (default) or on one chat prompt; table, charts, CSV / JSON downloads."""
-    if not tier_names:
-        raise gr.Error("Choose at least one tier to sweep.")
-    loaded = shared_model(model_name)
+    metric = METRICS[one_of(metric, "quality axis", METRICS)]
     report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
-    if mode == ONE_PROMPT:
-        require_text(prompt)
-        result = sweep(loaded, [{"role": "user", "content": prompt}], list(tier_names), int(new_tokens),
-                       progress=report)
-        table, figures, rows = sweep_table(result.rows), sweep_figures(result), sweep_dicts(result.rows)
-        pareto = figures["pareto_kld"]
-        latency, match = gr.update(value=figures["latency"], visible=True), gr.update(value=figures["token_match"],
-                                                                                      visible=True)
-        about = {"mode": "one prompt", "prompt": prompt, "new_tokens": int(new_tokens)}
-    else:
-        kind = SOURCES[source]
-        text = pasted if kind == "pasted" else read_text_file(upload) if kind == "file" else None
-        if kind in ("pasted", "file"):
-            require_text(text)
-        result = measure_quality(loaded, list(tier_names), int(windows), int(length),
-                                 kind if text is None else "corpus", text, report)
-        table, figures, rows = quality_table(result.rows), quality_figures(result), as_dicts(result.rows)
-        pareto = figures["pareto_kld" if METRICS[metric] == "kld" else "pareto_nll"]
-        latency, match = gr.update(visible=False), gr.update(visible=False)
-        about = {"mode": "long text", "source": kind, "windows": int(windows), "tokens_per_window": int(length)}
+    try:
+        with POOL.lease(model_name) as loaded:
+            run = sweep_request(loaded, mode, source, pasted, upload, windows, length, prompt, new_tokens, tiers,
+                                report)
+            model = loaded.info.name
+    finally:
+        release_memory()
     folder = report_folder()
-    files = [str(write_csv(rows, folder / "sweep.csv")),
-             str(write_json({"model": loaded.info.name, **about, "rows": rows}, folder / "sweep.json"))]
-    choice = gr.update(choices=[r.tier for r in result.rows if r.tier != "native"], value=worst_tier(result))
-    return table, pareto, latency, match, figures["token_kld"], files, result, choice
+    files = [str(write_csv(run.rows, folder / "sweep.csv")),
+             str(write_json({"model": model, **run.about, "rows": run.rows}, folder / "sweep.json"))]
+    prompt_mode = "latency" in run.figures
+    pareto = run.figures["pareto_kld" if metric == "kld" or prompt_mode else "pareto_nll"]
+    latency = gr.update(value=run.figures.get("latency"), visible=prompt_mode)
+    match = gr.update(value=run.figures.get("token_match"), visible=prompt_mode)
+    choice = gr.update(choices=[r.tier for r in run.result.rows if r.tier != "native"], value=worst_tier(run.result))
+    return run.table, pareto, latency, match, run.figures["token_kld"], files, run.result, choice
 
 
 def pareto_for(result, metric):
     """Redraw the Pareto chart of the last sweep for the chosen quality metric (no re-run)."""
-    if result is None:
+    if result is None or metric not in METRICS:
         return None
     if isinstance(result, QualityRun):
         return quality_figures(result)["pareto_kld" if METRICS[metric] == "kld" else "pareto_nll"]
@@ -243,26 +237,23 @@ def kld_for(result, tier):
 
 
 @guarded
-def run_needle(lengths, depths, tier_names, model_name, progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
+def run_needle(lengths, depths, tiers, model_name, progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
     """Pass-key retrieval of native and every chosen tier over prompt lengths and key depths."""
-    if not lengths or not depths:
-        raise gr.Error("Choose at least one length and one depth.")
-    loaded = shared_model(model_name)
-    grid = needle_grid(loaded, list(tier_names or []), sorted(int(n) for n in lengths),
-                       sorted(float(d.rstrip("%")) / 100 for d in depths),
-                       progress=lambda done, total, message: progress((done, total), desc=message))
-    rows = needle_dicts(grid.rows)
-    path = write_csv(rows, report_folder() / "needle.csv")
-    table = [[r["tier"], r["tokens"], f"{r['depth']:.0%}", r["key"], "yes" if r["retrieved"] else "no",
-              r["answer"]] for r in rows]
-    return needle_figure(grid), {"headers": ["tier", "prompt tokens", "depth", "key", "retrieved", "answer"],
-                                 "data": table}, str(path)
+    needle_cells(lengths, depths)  # refused before a model is touched
+    report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
+    try:
+        with POOL.lease(model_name) as loaded:
+            grid = needle_request(loaded, lengths, depths, tiers, report)
+    finally:
+        release_memory()
+    path = write_csv(needle_dicts(grid.rows), report_folder() / "needle.csv")
+    return needle_figure(grid), needle_table(grid), str(path)
 
 
 @guarded
 def model_panel(model_name):
     """Load (once) the chosen model and describe it; slider ranges follow its shape."""
-    info = shared_model(model_name).info
+    info = POOL.get(model_name).info
     return (
         model_markdown(info, backend_name()),
         gr.update(maximum=len(info.layer_types) - 1),
@@ -277,7 +268,7 @@ def advanced_settings():
         with gr.Row():
             block = gr.Number(label="DCT block size r", value=8, precision=0)
             k = gr.Number(label="k frequencies kept (0 = no DCT)", value=0, precision=0)
-            bits = gr.Dropdown(BITS_CHOICES, value="4", label="key bits")
+            bits = gr.Dropdown(list(BITS_CHOICES), value="4", label="key bits")
             value_bits = gr.Dropdown(["same", *BITS_CHOICES[1:]], value="same", label="value bits")
         with gr.Row():
             group = gr.Number(label="quant group", value=32, precision=0)
@@ -290,7 +281,7 @@ def advanced_settings():
 def model_shape(name: str) -> tuple[int, int]:
     """(layers, KV heads) of a model, for the Inspect sliders at build time; (1, 1) if it cannot load here."""
     try:
-        info = shared_model(name).info
+        info = POOL.get(name).info
     except (ModelUnavailableError, ValueError, OSError):
         return 1, 1  # the model panel shows why when the page loads
     return len(info.layer_types), info.num_kv_heads
@@ -302,7 +293,7 @@ def release_session(session) -> None:
         session.clear()
 
 
-MODELS = available_models() or [DEFAULT_MODEL]
+MODELS = POOL.allowed() or [DEFAULT_MODEL]
 LAYERS, KV_HEADS = model_shape(MODELS[0])
 
 with gr.Blocks(title="KV Codec Studio") as demo:
@@ -311,14 +302,15 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         "Every number below is measured when you press the button."
     )
     with gr.Accordion("Model and backend", open=False):
-        model_name = gr.Dropdown(MODELS, value=MODELS[0], label="model", allow_custom_value=True)
+        model_name = gr.Dropdown(MODELS, value=MODELS[0], label="model")
         model_info = gr.Markdown()
 
     with gr.Tab("Chat"):
         session = gr.State(None, time_to_live=3600, delete_callback=release_session)
         with gr.Row():
             tier_name = gr.Dropdown(CODEC_TIERS, value="turbo-4", label="codec tier", scale=2)
-            max_tokens = gr.Slider(8, MAX_NEW_TOKENS, value=96, step=8, label="max new tokens", scale=2)
+            max_tokens = gr.Slider(8, LIMITS.max_new_tokens, value=min(96, LIMITS.max_new_tokens), step=8,
+                                   label="max new tokens", scale=2)
             materialization_free = gr.Checkbox(
                 label="materialization-free: attention reads the stored codes, no decoded view", value=False, scale=1
             )
@@ -391,12 +383,13 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         gr.Markdown("A 5-digit pass key hidden in filler text at several depths and lengths: does the greedy "
                     "answer still contain it? Native runs once per cell; every tier answers from the same prompt.")
         with gr.Row():
-            needle_lengths = gr.CheckboxGroup(NEEDLE_LENGTHS, value=NEEDLE_LENGTHS[:3], label="prompt tokens")
-            needle_depths = gr.CheckboxGroup(NEEDLE_DEPTHS, value=["0%", "50%", "100%"], label="depth of the key")
+            needle_lengths = gr.CheckboxGroup(list(NEEDLE_LENGTHS), value=list(NEEDLE_LENGTHS[:3]),
+                                              label="prompt tokens")
+            needle_depths = gr.CheckboxGroup(list(NEEDLE_DEPTHS), value=["0%", "50%", "100%"], label="depth of the key")
         needle_tiers = gr.CheckboxGroup(CODEC_TIERS, value=["turbo-4", "jpeg-k2"], label="tiers (beside native)")
         needle_button = gr.Button("Run needle test", variant="primary")
         needle_plot = gr.Plot(label="retrieved")
-        needle_table = gr.Dataframe(label="answers", interactive=False, elem_id="needle-results")
+        needle_answers = gr.Dataframe(label="answers", interactive=False, elem_id="needle-results")
         needle_csv = gr.File(label="download CSV")
 
     demo.load(model_panel, model_name, [model_info, layer, head])
@@ -432,7 +425,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     sweep_metric.change(pareto_for, [sweep_state, sweep_metric], pareto, api_name=False)
     kld_tier.change(kld_for, [sweep_state, kld_tier], token_kld, api_name=False)
     needle_button.click(run_needle, [needle_lengths, needle_depths, needle_tiers, model_name],
-                        [needle_plot, needle_table, needle_csv], api_name="needle")
+                        [needle_plot, needle_answers, needle_csv], api_name="needle")
 
 if __name__ == "__main__":
     demo.queue(default_concurrency_limit=2, max_size=64).launch(

@@ -1,16 +1,33 @@
-"""What users and API callers hand the app, read and checked at the edge: documents and text files.
+"""What users and API callers hand the app, read and checked at the edge, before any loader, loop or allocation.
 
-    text = read_text_file("notes.md")               # UTF-8, bounded, or a ValueError saying what is wrong
-    text = document_text("Python reference: the try statement")   # an embedded long document
+    text = user_text(message)                                  # a real text: not empty, valid Unicode, bounded
+    n = whole(value, "max new tokens", 1, 256)                 # a whole number in range: no silent truncation
+    tier = tier_from_knobs("turbo-4", False, 8, 0, "4", ...)  # a preset, or a custom tier from the Advanced knobs
+    fits_model(tier, loaded.info)                              # its codecs and windows fit this model
+    text = read_text_file("notes.md"); text = document_text("Python reference: the try statement (≈2.0k tokens)")
+
+Every check raises ValueError with the allowed values in the message; the app shows it as it is.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from pydoc_data.topics import topics
 
-MAX_TEXT_CHARS = 200_000  # an uploaded or pasted text (the embedded model's 8k-token context is ~35k characters)
+import torch
+
+from codeckv.codecs.bitpack import ALLOWED_BITS
+from codeckv.codecs.dct import MAX_BLOCK
+from codeckv.layers import CodecLayer
+from codeckv.limits import Limits
+from codeckv.models import ModelInfo
+from codeckv.tiers import TIERS, Tier, custom_tier, get_tier
+
+MAX_GROUP = 256  # quantization group (channels or tokens)
 TEXT_FILE_TYPES = (".txt", ".md")
+INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"), None)  # zero-width, soft hyphen
+BITS_CHOICES = ("none", *map(str, ALLOWED_BITS))
 
 DOCUMENTS = {  # title -> key of an embedded Python reference topic of 1-3k tokens (the corpus, measure/corpus.py)
     "Python reference: the try statement (≈2.0k tokens)": "try",
@@ -20,11 +37,100 @@ DOCUMENTS = {  # title -> key of an embedded Python reference topic of 1-3k toke
 }
 
 
+def user_text(value, name: str = "the prompt", max_chars: int | None = None) -> str:
+    """A text with something visible in it, valid Unicode (UTF-8 encodable) and at most max_chars long.
+
+    max_chars: default Limits.from_env().max_text_chars (codeckv/limits.py).
+    """
+    max_chars = max_chars or Limits.from_env().max_text_chars
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be text, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{name} has an invalid character at position {err.start} (a lone surrogate): "
+                         "remove it and try again") from None
+    if not value.translate(INVISIBLE).strip():
+        raise ValueError(f"{name} is empty: type something first")
+    if len(value) > max_chars:
+        raise ValueError(f"{name} has {len(value):,} characters (allowed: at most {max_chars:,})")
+    return value
+
+
+def whole(value, name: str, lo: int, hi: int) -> int:
+    """A whole number in lo..hi: an int, or a float with no fraction (what a number box sends)."""
+    integral = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
+    if isinstance(value, bool) or not integral:
+        raise ValueError(f"{name}={value!r} must be a whole number (allowed: {lo}..{hi})")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name}={int(value)} is out of range (allowed: {lo}..{hi})")
+    return int(value)
+
+
+def one_of(value, name: str, allowed) -> str:
+    """One of the allowed choices (a radio button or a dropdown)."""
+    allowed = list(allowed)
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name}={value!r} is not a choice here (allowed: {', '.join(map(str, allowed))})")
+    return value
+
+
+def tier_names(values, name: str = "tiers", allow_native: bool = True) -> list[str]:
+    """A non-empty list of distinct preset tier names."""
+    allowed = [t for t in TIERS if allow_native or not TIERS[t].is_native]
+    if not isinstance(values, list | tuple) or not values:
+        raise ValueError(f"choose at least one of the {name} (allowed: {', '.join(allowed)})")
+    names = [one_of(v, name, allowed) for v in values]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{name}: a tier is listed twice ({', '.join(names)})")
+    return names
+
+
+def tier_from_knobs(name, custom, block_size, k, bits, value_bits, group, rotation, keep_first, keep_recent) -> Tier:
+    """The chosen preset, or a custom tier from the Advanced knobs, every knob checked with its allowed values."""
+    if not custom:
+        return get_tier(one_of(name, "tier", TIERS))
+    block_size = whole(block_size, "DCT block size", 1, MAX_BLOCK)
+    k = whole(k, "k frequencies kept", 0, block_size)
+    bits = one_of(bits, "key bits", BITS_CHOICES)
+    value_bits = one_of(value_bits if value_bits is not None else "same", "value bits", ("same", *BITS_CHOICES[1:]))
+    return custom_tier(
+        block_size=block_size,
+        k=k or None,
+        bits=None if bits == "none" else int(bits),
+        value_bits=None if value_bits == "same" else int(value_bits),
+        group=whole(group, "quant group", 1, MAX_GROUP),
+        rotation=bool(rotation),
+        lloyd_max=bool(rotation and bits != "none"),
+        keep_first=whole(keep_first, "keep_first", 0, 1 << 20),
+        keep_recent=whole(keep_recent, "keep_recent", 0, 1 << 20),
+    )
+
+
+def fits_model(tier: Tier, info: ModelInfo) -> Tier:
+    """`tier` if its codecs encode this model's heads and its raw windows leave something to archive."""
+    if tier.is_native:
+        return tier
+    layer = CodecLayer(tier)
+    room = info.max_context - layer.unit
+    if tier.keep_first + tier.keep_recent > room:
+        raise ValueError(
+            f"keep_first + keep_recent = {tier.keep_first + tier.keep_recent} raw tokens leave nothing to archive "
+            f"within {info.name}'s context of {info.max_context} tokens (allowed: at most {room} together)"
+        )
+    probe = torch.zeros(1, 1, layer.unit, info.head_dim)
+    for side, codec in (("keys", tier.key), ("values", tier.value)):
+        try:
+            codec.encode(probe)
+        except ValueError as err:
+            raise ValueError(f"{tier.name} cannot encode {info.name}'s {side} "
+                             f"(head_dim {info.head_dim}): {err}") from None
+    return tier
+
+
 def document_text(title: str) -> str:
     """The text of an embedded document, or a ValueError listing the titles."""
-    if title not in DOCUMENTS:
-        raise ValueError(f"unknown document {title!r} (allowed: {', '.join(DOCUMENTS)})")
-    return topics[DOCUMENTS[title]]
+    return topics[DOCUMENTS[one_of(title, "document", DOCUMENTS)]]
 
 
 def with_document(message: str, title: str | None = None, path: str | Path | None = None) -> tuple[str, str]:
@@ -38,18 +144,16 @@ def with_document(message: str, title: str | None = None, path: str | Path | Non
     return f"{text.strip()}\n\n{message}", f"[document: {name}, {len(text):,} characters]\n\n{message}"
 
 
-def read_text_file(path: str | Path, max_chars: int = MAX_TEXT_CHARS) -> str:
+def read_text_file(path: str | Path, max_chars: int | None = None) -> str:
     """A .txt / .md file as text: UTF-8, at most max_chars characters, else a ValueError that says why."""
+    max_chars = max_chars or Limits.from_env().max_text_chars
     path = Path(path)
     if path.suffix.lower() not in TEXT_FILE_TYPES:
         raise ValueError(f"{path.name}: only text files can be read (allowed: {', '.join(TEXT_FILE_TYPES)})")
     if path.stat().st_size > 4 * max_chars:  # a UTF-8 character takes at most 4 bytes
         raise ValueError(f"{path.name} has more than {max_chars:,} characters: use a shorter text")
-    raw = path.read_bytes()
     try:
-        text = raw.decode("utf-8")
+        text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path.name} is not UTF-8 text (byte {err.start} cannot be decoded)") from None
-    if len(text) > max_chars:
-        raise ValueError(f"{path.name} has more than {max_chars:,} characters: use a shorter text")
-    return text
+    return user_text(text, path.name, max_chars)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -135,19 +134,6 @@ def available_models() -> list[str]:
     names = [n for n, m in EMBEDDED.items() if importlib.util.find_spec(m.package) is not None]
     extra = [s.strip() for s in os.environ.get("CODECKV_MODELS", "").split(",") if s.strip()]
     return names + [e for e in extra if e not in names]
-
-
-_shared: dict[str, LoadedModel] = {}
-_shared_lock = threading.Lock()
-
-
-def shared_model(name: str | None = None) -> LoadedModel:
-    """load_model, once per name per process: the app's requests all share one copy of the weights."""
-    name = name or DEFAULT_MODEL
-    with _shared_lock:
-        if name not in _shared:
-            _shared[name] = load_model(name)
-        return _shared[name]
 
 
 def load_model(name: str | None = None, device: str | torch.device | None = None) -> LoadedModel:

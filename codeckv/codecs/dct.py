@@ -28,6 +28,7 @@ from codeckv.codecs.base import Codec, Encoded, check_input
 from codeckv.codecs.layout import NoRowLayout, RawRows, RowLayout, dct_basis
 
 PREFIX = "coeffs."
+MAX_BLOCK = 64  # tokens per block: longer blocks only blur more, and cost O(r^2) per block
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,9 @@ class DCT:
     coeffs: Codec | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"DCT: block_size={self.block_size!r} must be a positive integer (e.g. 8)")
+        if (isinstance(self.block_size, bool) or not isinstance(self.block_size, int)
+                or not 1 <= self.block_size <= MAX_BLOCK):
+            raise ValueError(f"DCT: block_size={self.block_size!r} must be a whole number in 1..{MAX_BLOCK} (e.g. 8)")
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= self.block_size:
             raise ValueError(
                 f"DCT: k={self.k!r} frequencies kept must be an integer in 1..block_size="

@@ -87,10 +87,13 @@ class ChatSession:
         return last
 
     def ask(self, loaded: LoadedModel, user: str, tier: Tier | str, max_new_tokens: int = 96,
-            materialization_free: bool = False, shown: str | None = None) -> Iterator[Update]:
+            materialization_free: bool = False, shown: str | None = None,
+            max_prompt_tokens: int | None = None) -> Iterator[Update]:
         """One turn: `user` after the conversation so far; the exchange is kept when the turn finishes."""
         self.asking, update = (user, shown or user), None
-        for update in self.turn(loaded, self.messages(user), tier, max_new_tokens, materialization_free):
+        turn = self.turn(loaded, self.messages(user), tier, max_new_tokens, materialization_free,
+                         max_prompt_tokens=max_prompt_tokens)
+        for update in turn:
             yield update
         if update is not None and update.results is not None and not self.in_turn:  # finished, not stopped
             self.exchanges.append(Exchange(*self.asking, update.native.text, update.codec.text))
@@ -104,10 +107,11 @@ class ChatSession:
         max_new_tokens: int = 96,
         materialization_free: bool = False,
         stop_at_eos: bool = True,
+        max_prompt_tokens: int | None = None,
     ) -> Iterator[Update]:
         """One turn on `messages` (the whole conversation, ending with the user's message), streamed."""
         tier = as_tier(tier)
-        ids = prompt_ids(loaded, messages, max_new_tokens)
+        ids = prompt_ids(loaded, messages, max_new_tokens, max_prompt_tokens)
         setup = (loaded.info.name, tier, bool(materialization_free))
         if setup != self.setup or self.in_turn:
             self.release()

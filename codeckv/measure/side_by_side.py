@@ -44,10 +44,10 @@ from codeckv.tiers import Tier, as_tier, get_tier
 PREFILL_CHUNK = 512  # prompt tokens per forward
 
 
-def prompt_ids(loaded: LoadedModel, prompt: Prompt, max_new_tokens: int = 0) -> torch.Tensor:
+def prompt_ids(loaded: LoadedModel, prompt: Prompt, max_new_tokens: int = 0, limit: int | None = None):
     """(1, T) ids: chat messages through the chat template, raw text as is, ids unchanged.
 
-    Raises ValueError when T + max_new_tokens exceeds the model's context.
+    Raises ValueError when T + max_new_tokens exceeds the model's context, or T exceeds `limit`.
     """
     device = loaded.model.device
     if isinstance(prompt, torch.Tensor):
@@ -61,6 +61,8 @@ def prompt_ids(loaded: LoadedModel, prompt: Prompt, max_new_tokens: int = 0) -> 
             f"the prompt is {ids.shape[1]} tokens; with {max_new_tokens} new tokens it exceeds "
             f"{loaded.info.name}'s context of {loaded.info.max_context} tokens: shorten it"
         )
+    if limit is not None and ids.shape[1] > limit:
+        raise ValueError(f"the prompt is {ids.shape[1]:,} tokens, more than the {limit:,} allowed per request here")
     return ids
 
 

@@ -1,4 +1,4 @@
-"""A launched app for the API and browser tests: `python app.py` on a free port, stopped afterwards."""
+"""A launched app for the API and browser tests: app.py on a free port, with its loader watched, stopped afterwards."""
 
 import os
 import socket
@@ -24,9 +24,11 @@ def app_url(tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"
     env = {**os.environ, "PORT": str(port), "GRADIO_SERVER_NAME": "127.0.0.1", "HF_HUB_OFFLINE": "1",
-           "GRADIO_ANALYTICS_ENABLED": "False"}
+           "GRADIO_ANALYTICS_ENABLED": "False", "CODECKV_MODELS": "fake/slow-model", "CODECKV_TEST_SLOW_LOAD_S": "40",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "tests/app/serve_watched.py"], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 180
     while time.time() < deadline:

@@ -56,14 +56,46 @@ def test_long_document_turn_shows_real_ratios():
     "message, advanced, expected",
     [
         ("   ", PLAIN, "empty"),
-        ("hi", [True, 8, 9, "4", "same", 32, True, 0, 0], "allowed: \\[1, 2, 3, 4, 5, 6, 7, 8\\]"),
-        ("hi", [True, 8, 0, "5", "same", 32, True, 0, 0], "not supported"),
+        ("\u200b\u200d\ufeff", PLAIN, "empty"),  # zero-width characters only
+        ("bad \ud800 surrogate", PLAIN, "invalid character at position 4"),
+        ("hi", [True, 8, 9, "4", "same", 32, True, 0, 0], "k frequencies kept=9 is out of range \\(allowed: 0..8\\)"),
+        ("hi", [True, 8, 0, "5", "same", 32, True, 0, 0], "key bits='5' is not a choice here"),
+        ("hi", [True, 10**6, 1, "4", "same", 32, True, 0, 0], "DCT block size=1000000 is out of range"),
+        ("hi", [True, 8, 0, "4", "same", 32, True, 10**9, 0], "keep_first=1000000000 is out of range"),
+        ("hi", [True, 8, 0, "4", "same", 32, True, 6000, 3000], "leave nothing to archive"),
+        ("hi", [True, 8, 0, "4", "same", 48, True, 0, 0], "group=48 must divide head_dim=64"),
+        ("hi", [True, 8.5, 0, "4", "same", 32, True, 0, 0], "must be a whole number"),
         ("word " * 9000, PLAIN, "context of 8192 tokens"),
     ],
 )
 def test_bad_input_gives_a_clear_error(message, advanced, expected):
     with pytest.raises(gr.Error, match=expected):
         _turn(message, advanced=advanced)
+
+
+@pytest.mark.parametrize("model", ["/etc", "../models/x", "someone/unlisted-model", "", None, 3])
+def test_a_model_that_is_not_listed_is_refused_before_any_loader(model, monkeypatch):
+    from codeckv import pool
+
+    monkeypatch.setattr(pool.POOL, "_loader", lambda name: pytest.fail(f"the loader was called for {name!r}"))
+    with pytest.raises(gr.Error, match="is not served here \\(allowed: smollm2-135m"):
+        app.model_panel(model)
+    with pytest.raises(gr.Error, match="not served here"):
+        list(app.chat_turn("hi", None, None, model, "png", 8, False, *PLAIN, None))
+
+
+def test_other_requests_are_bounded_before_they_run():
+    with pytest.raises(gr.Error, match="more than the 2,048 allowed"):
+        app.inspect_kv("word " * 3000, "smollm2-135m", "jpeg-k2", *PLAIN, 0, 0, "K")
+    with pytest.raises(gr.Error, match="layer=30 is out of range \\(allowed: 0..29\\)"):
+        app.inspect_kv("Some text to inspect.", "smollm2-135m", "jpeg-k2", *PLAIN, 30, 0, "K")
+    with pytest.raises(gr.Error, match="more than the 4,096 allowed per sweep"):
+        _sweep(app.LONG_TEXT, ["png"], windows=8, length=1024)
+    with pytest.raises(gr.Error, match="tiers='turbo-9' is not a choice here"):
+        _sweep(app.LONG_TEXT, ["turbo-9"])
+    with pytest.raises(gr.Error, match="more than the 40,000 allowed"):
+        app.run_needle([4096, 8000], ["0%", "25%", "50%", "75%", "100%"], ["turbo-4"], "smollm2-135m",
+                       progress=lambda *a, **k: None)
 
 
 def test_custom_tier_from_advanced_settings_runs():
@@ -89,11 +121,6 @@ def test_stop_keeps_the_partial_turn_and_says_so():
     stream.close()
     assert "**stopped** after" in native_stats and "not scored" in codec_stats
     assert native[-1]["content"] and session.runs == [] and len(session.exchanges) == 1
-
-
-def test_unknown_model_is_a_clear_error():
-    with pytest.raises(gr.Error, match="unknown model 'no-such-model'"):
-        app.model_panel("no-such-model")
 
 
 def test_model_panel_describes_the_model():
@@ -152,3 +179,16 @@ def test_needle_tab_runs_a_small_grid():
     assert len(figure.data) == 2 and path.endswith("needle.csv")
     with pytest.raises(gr.Error, match="at least one length"):
         app.run_needle([], ["0%"], ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+    with pytest.raises(gr.Error, match="prompt tokens='100' is not a choice"):
+        app.run_needle([100], ["0%"], ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+
+
+def test_stop_during_a_long_prefill_takes_effect_between_chunks():
+    session = ChatSession()
+    document = next(iter(DOCUMENTS))  # about 2k tokens: four prefill chunks
+    stream = app.chat_turn("Summarize it.", document, None, "smollm2-135m", "turbo-4", 16, False, *PLAIN, session)
+    native_panel, _, native_stats, *_ = next(stream)
+    assert native_stats.startswith("prefilling the prompt… (1/"), "control returns after each prefill chunk"
+    _, _, stopped, _ = app.stop_turn(session)
+    stream.close()
+    assert "while prefilling" in stopped and session.runs == [] and session.exchanges[-1].native == ""
