@@ -38,7 +38,7 @@ from codeckv.inputs import (
     whole,
     with_document,
 )
-from codeckv.limits import Limits, release_memory
+from codeckv.limits import Limits, StopFlag, release_memory
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.corpus import corpus_text
 from codeckv.measure.inspect import inspect_tier
@@ -197,8 +197,21 @@ def report_folder() -> Path:
     return folder
 
 
+def stopper(flag):
+    """The session's StopFlag (a fresh one for an API caller without a session), reset for a new run."""
+    flag = flag if isinstance(flag, StopFlag) else StopFlag()
+    flag.reset()
+    return flag
+
+
+def request_stop(flag):
+    """The Sweep / Needle Stop button: the running request stops at its next step."""
+    if isinstance(flag, StopFlag):
+        flag.request()
+
+
 @guarded
-def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens, model_name, tiers, metric,
+def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens, model_name, tiers, metric, stop=None,
               progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
     """Every chosen tier: on long text (default) or on one chat prompt; table, charts, CSV / JSON downloads."""
     metric = METRICS[one_of(metric, "quality axis", METRICS)]
@@ -206,7 +219,7 @@ def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens,
     try:
         with POOL.lease(model_name) as loaded:
             run = sweep_request(loaded, mode, source, pasted, upload, windows, length, prompt, new_tokens, tiers,
-                                report)
+                                report, stop=stopper(stop))
             model = loaded.info.name
     finally:
         release_memory()
@@ -237,13 +250,13 @@ def kld_for(result, tier):
 
 
 @guarded
-def run_needle(lengths, depths, tiers, model_name, progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
+def run_needle(lengths, depths, tiers, model_name, stop=None, progress=gr.Progress()):  # noqa: B008
     """Pass-key retrieval of native and every chosen tier over prompt lengths and key depths."""
     needle_cells(lengths, depths)  # refused before a model is touched
     report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
     try:
         with POOL.lease(model_name) as loaded:
-            grid = needle_request(loaded, lengths, depths, tiers, report)
+            grid = needle_request(loaded, lengths, depths, tiers, report, stop=stopper(stop))
     finally:
         release_memory()
     path = write_csv(needle_dicts(grid.rows), report_folder() / "needle.csv")
@@ -368,7 +381,9 @@ with gr.Blocks(title="KV Codec Studio") as demo:
                 sweep_prompt = gr.Textbox(value=EXAMPLES[1], label="prompt", scale=3)
                 sweep_tokens = gr.Slider(8, 128, value=32, step=8, label="new tokens per tier", scale=1)
         sweep_tiers = gr.CheckboxGroup(list(TIERS), value=CODEC_TIERS, label="tiers")
-        sweep_button = gr.Button("Run sweep", variant="primary")
+        with gr.Row():
+            sweep_button = gr.Button("Run sweep", variant="primary", scale=4)
+            sweep_stop = gr.Button("Stop", scale=1)
         sweep_table_out = gr.Dataframe(label="results", interactive=False, elem_id="sweep-results")
         sweep_metric = gr.Radio(list(METRICS), value="KL divergence", label="quality axis")
         pareto = gr.Plot(label="storage vs quality")
@@ -378,6 +393,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         token_kld = gr.Plot(label="per-token KL divergence")
         downloads = gr.File(label="download CSV and JSON", file_count="multiple")
         sweep_state = gr.State(None)
+        stop_flag = gr.State(StopFlag())  # one per browser session, shared by the Sweep and Needle tabs
 
     with gr.Tab("Needle"):
         gr.Markdown("A 5-digit pass key hidden in filler text at several depths and lengths: does the greedy "
@@ -387,7 +403,9 @@ with gr.Blocks(title="KV Codec Studio") as demo:
                                               label="prompt tokens")
             needle_depths = gr.CheckboxGroup(list(NEEDLE_DEPTHS), value=["0%", "50%", "100%"], label="depth of the key")
         needle_tiers = gr.CheckboxGroup(CODEC_TIERS, value=["turbo-4", "jpeg-k2"], label="tiers (beside native)")
-        needle_button = gr.Button("Run needle test", variant="primary")
+        with gr.Row():
+            needle_button = gr.Button("Run needle test", variant="primary", scale=4)
+            needle_stop = gr.Button("Stop", scale=1)
         needle_plot = gr.Plot(label="retrieved")
         needle_answers = gr.Dataframe(label="answers", interactive=False, elem_id="needle-results")
         needle_csv = gr.File(label="download CSV")
@@ -418,14 +436,16 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     sweep_button.click(
         run_sweep,
         [sweep_mode, sweep_source, sweep_pasted, sweep_upload, sweep_windows, sweep_length, sweep_prompt,
-         sweep_tokens, model_name, sweep_tiers, sweep_metric],
+         sweep_tokens, model_name, sweep_tiers, sweep_metric, stop_flag],
         [sweep_table_out, pareto, latency, token_match, token_kld, downloads, sweep_state, kld_tier],
         api_name="sweep",
     )
     sweep_metric.change(pareto_for, [sweep_state, sweep_metric], pareto, api_name=False)
     kld_tier.change(kld_for, [sweep_state, kld_tier], token_kld, api_name=False)
-    needle_button.click(run_needle, [needle_lengths, needle_depths, needle_tiers, model_name],
+    needle_button.click(run_needle, [needle_lengths, needle_depths, needle_tiers, model_name, stop_flag],
                         [needle_plot, needle_answers, needle_csv], api_name="needle")
+    for button in (sweep_stop, needle_stop):
+        button.click(request_stop, stop_flag, None, queue=False, api_name=False)
 
 if __name__ == "__main__":
     demo.queue(default_concurrency_limit=2, max_size=64).launch(

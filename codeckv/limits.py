@@ -2,6 +2,7 @@
 
     limits = Limits.from_env()            # CODECKV_MAX_PROMPT_TOKENS, CODECKV_MAX_REQUEST_SECONDS, ...
     deadline = limits.deadline()          # deadline.check() raises BudgetExceeded once the time is up
+    stop = StopFlag(); stop.request()     # a Stop button; stop.check() raises Stopped in the running request
     release_memory()                      # after a big request: hand freed memory back to the system
 
 Every default fits a 2-vCPU / 16 GB Space (README, "Deploying"); a value the operator sets must be a
@@ -69,6 +70,28 @@ class Deadline:
                 f"this request ran past its time budget of {self.seconds:g} s and was stopped "
                 "(ask for less work, or raise CODECKV_MAX_REQUEST_SECONDS)"
             )
+
+
+class Stopped(ValueError):
+    """The user stopped the request."""
+
+
+class StopFlag:
+    """A stop request shared between a running request and its Stop button (one per browser session)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def request(self) -> None:
+        self.requested = True
+
+    def reset(self) -> None:
+        self.requested = False
+
+    def check(self) -> None:
+        """Raise Stopped if a stop was requested."""
+        if self.requested:
+            raise Stopped("stopped: the run was stopped before it finished; nothing was kept")
 
 
 def release_memory() -> None:

@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from codeckv.figures import quality_figures, sweep_figures
 from codeckv.formatting import quality_table, sweep_table
 from codeckv.inputs import one_of, read_text_file, tier_names, user_text, whole
-from codeckv.limits import Deadline, Limits
+from codeckv.limits import Deadline, Limits, StopFlag
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.needle import NeedleGrid, needle_grid
 from codeckv.measure.quality import QualityRun, measure_quality
@@ -47,11 +47,13 @@ class SweepOutcome:
     about: dict  # what was measured, for the JSON report
 
 
-def until(deadline: Deadline, progress: Progress | None) -> Progress:
-    """A progress callback that also stops the work once the deadline has passed."""
+def until(deadline: Deadline, progress: Progress | None, stop: StopFlag | None = None) -> Progress:
+    """A progress callback that also stops the work once the deadline has passed or a stop was requested."""
 
     def report(done: int, total: int, message: str) -> None:
         deadline.check()
+        if stop is not None:
+            stop.check()
         if progress:
             progress(done, total, message)
 
@@ -59,11 +61,12 @@ def until(deadline: Deadline, progress: Progress | None) -> Progress:
 
 
 def sweep_request(loaded: LoadedModel, mode, source, pasted, upload, windows, length, prompt, new_tokens, tiers,
-                  progress: Progress | None = None, limits: Limits | None = None) -> SweepOutcome:
+                  progress: Progress | None = None, limits: Limits | None = None,
+                  stop: StopFlag | None = None) -> SweepOutcome:
     """Every chosen tier on long text (quality with its spread) or on one chat prompt (one reply)."""
     limits = limits or Limits.from_env()
     mode, tiers = one_of(mode, "mode", (LONG_TEXT, ONE_PROMPT)), tier_names(tiers)
-    report = until(limits.deadline(), progress)
+    report = until(limits.deadline(), progress, stop)
     if mode == ONE_PROMPT:
         prompt = user_text(prompt)
         new_tokens = whole(new_tokens, "new tokens per tier", 1, min(128, limits.max_new_tokens))
@@ -101,12 +104,12 @@ def needle_cells(lengths, depths, limits: Limits | None = None) -> tuple[list[in
 
 
 def needle_request(loaded: LoadedModel, lengths, depths, tiers, progress: Progress | None = None,
-                   limits: Limits | None = None) -> NeedleGrid:
+                   limits: Limits | None = None, stop: StopFlag | None = None) -> NeedleGrid:
     """Pass-key retrieval of native and every chosen tier over the chosen lengths and depths."""
     limits = limits or Limits.from_env()
     lengths, depths = needle_cells(lengths, depths, limits)
     tiers = tier_names(tiers, allow_native=False) if tiers else []
-    return needle_grid(loaded, tiers, lengths, depths, until(limits.deadline(), progress))
+    return needle_grid(loaded, tiers, lengths, depths, until(limits.deadline(), progress, stop))
 
 
 def needle_table(grid: NeedleGrid) -> dict:

@@ -192,3 +192,20 @@ def test_stop_during_a_long_prefill_takes_effect_between_chunks():
     _, _, stopped, _ = app.stop_turn(session)
     stream.close()
     assert "while prefilling" in stopped and session.runs == [] and session.exchanges[-1].native == ""
+
+
+def test_stop_ends_a_running_sweep_at_its_next_step():
+    from codeckv.limits import StopFlag
+
+    flag, calls = StopFlag(), []
+
+    def progress(*args, **kwargs):  # the user presses Stop right after the first step
+        calls.append(args)
+        app.request_stop(flag)
+
+    args = [app.LONG_TEXT, next(iter(app.SOURCES)), "", None, 1, 64, "", 8, "smollm2-135m", ["png"], "KL divergence"]
+    with pytest.raises(gr.Error, match="stopped"):
+        app.run_sweep(*args, flag, progress=progress)
+    assert len(calls) == 1
+    table, *_ = app.run_sweep(*args, flag, progress=lambda *a, **k: None)  # a new run starts afresh
+    assert [row[0] for row in table["data"]] == ["native", "png"]
