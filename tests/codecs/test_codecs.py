@@ -344,7 +344,7 @@ INVALID = [  # (constructor, expected message fragment)
     (lambda: LloydMaxQuant(scales=(1.0, -0.5)), "positive"),
     (lambda: DCT(block_size=8, k=9), r"allowed: \[1, 2, 3, 4, 5, 6, 7, 8\]"),
     (lambda: DCT(block_size=4, k=0), r"allowed: \[1, 2, 3, 4\]"),
-    (lambda: DCT(block_size=0), "positive integer"),
+    (lambda: DCT(block_size=0), "whole number in 1..64"),
     (lambda: DCT(coeffs="int8"), "not a codec"),
     (lambda: Cast("int4"), "allowed: bfloat16, float16, float32"),
     (lambda: Delta(block_size=0), "positive integer"),
