@@ -6,7 +6,6 @@ codec without a layout says why, and that reason is what backend_name shows.
 """
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
