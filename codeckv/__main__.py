@@ -1,4 +1,4 @@
-"""Command line: python -m codeckv quality|sweep|inspect|memory ... (tables on stdout, CSV/JSON/HTML files)."""
+"""Command line: python -m codeckv quality|sweep|inspect|memory|prefill ... (tables on stdout, CSV/JSON/HTML files)."""
 
 from __future__ import annotations
 
@@ -151,6 +151,34 @@ def _memory(args: argparse.Namespace) -> None:
     print(f"wrote {write_csv(rows, out)}")
 
 
+def _prefill(args: argparse.Namespace) -> None:
+    from dataclasses import asdict
+
+    import torch
+
+    from codeckv.measure.prefill import prefill_table
+    from codeckv.measure.table import format_table, write_csv
+    from codeckv.models import load_model
+    from codeckv.tiers import TIERS, get_tier
+
+    tiers = [get_tier(name) for name in args.tiers] if args.tiers else list(TIERS.values())
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model)
+    total = len(args.tokens) * args.reps * sum(not t.is_native for t in tiers)
+    with tqdm(total=total, desc="prefill") as bar:
+
+        def progress(message: str) -> None:
+            bar.set_postfix_str(message)
+            bar.update(1)
+
+        rows = [asdict(r) for r in prefill_table(loaded, tiers, args.tokens, args.reps, not args.no_convert, progress)]
+    print(format_table(rows, ["tokens", "tier", "native_s", "prefill_s", "ratio", "convert_s", "convert_ratio"]))
+    print(f"{loaded.info.device}, {loaded.info.dtype}, {torch.get_num_threads()} threads, median of {args.reps}")
+    out = args.out or f"assets/prefill-{loaded.info.name.replace('/', '_')}.csv"
+    print(f"wrote {write_csv(rows, out)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m codeckv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -186,6 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     memory.add_argument("--tiers", nargs="+", default=["jpeg-k8-int8", "turbo-4"], help="tier names")
     memory.add_argument("--out", help="CSV path (default assets/memory-<model>-<context>.csv)")
     memory.set_defaults(run=_memory)
+
+    prefill = sub.add_parser("prefill", help="prefill + archiving the prompt vs native prefill, per tier (interleaved)")
+    prefill.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
+    prefill.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096], help="prompt lengths (1024 4096)")
+    prefill.add_argument("--tiers", nargs="*", help="tier names (default: all)")
+    prefill.add_argument("--reps", type=int, default=3, help="repetitions, medians reported (default 3)")
+    prefill.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
+    prefill.add_argument("--no-convert", action="store_true", help="skip native prefill + CodecCache.from_cache")
+    prefill.add_argument("--out", help="CSV path (default assets/prefill-<model>.csv)")
+    prefill.set_defaults(run=_prefill)
 
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
