@@ -158,18 +158,24 @@ class LloydMaxQuant:
 
     def row_layout(self) -> RowLayout:
         """Rows of codebook indices: x = codebook[code] * scale, no offset; the encoder's search tables."""
-        table, bins = error_table(self.levels(), tuple(float(m) for m in self.scales), self.group)
-        rows = QuantRows(
-            self.bits, self.group, self.per_channel,
-            levels=self.levels(),
-            thresholds=tuple(thresholds(self.bits).tolist()),
-            scale_multiples=tuple(float(m) for m in self.scales),
-            search_errors=tuple(table.reshape(-1).tolist()),
-            search_bins=bins,
-            search_shift=BIN_SHIFT,
-            refit=self.refit,
-        )
-        return RowLayout(rows, leaf=self)
+        return RowLayout(_quant_rows(self.bits, self.group, self.per_channel, self.scales, self.refit), leaf=self)
+
+
+@functools.cache
+def _quant_rows(bits: int, group: int, per_channel: bool, scales: tuple[float, ...], refit: bool) -> QuantRows:
+    """The QuantRows of a LloydMaxQuant, built once (its search table is a few thousand floats)."""
+    multiples = tuple(float(m) for m in scales)
+    table, bins = error_table(_levels(bits), multiples, group)
+    return QuantRows(
+        bits, group, per_channel,
+        levels=_levels(bits),
+        thresholds=tuple(thresholds(bits).tolist()),
+        scale_multiples=multiples,
+        search_errors=tuple(table.reshape(-1).tolist()),
+        search_bins=bins,
+        search_shift=BIN_SHIFT,
+        refit=refit,
+    )
 
 
 @functools.cache
