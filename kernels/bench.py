@@ -29,6 +29,7 @@ import argparse
 import csv
 import ctypes
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -173,12 +174,19 @@ def _cases(tier_name: str, context: int, device: torch.device, dtype: torch.dtyp
                                  "reference": lambda: dequant_rotate_ref(enc, codec)}, None
 
 
+def device_label() -> str:
+    """The device's name for file names: the GPU's (e.g. "nvidia-h100-80gb-hbm3"), or "cpu"."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+
+
 def run(lengths: list[int], reps: int, out: Path | None) -> list[dict]:
     """Measure every op / tier / length / method; print the table; write the CSV; return the rows."""
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
     dtype = torch.bfloat16 if gpu else torch.float32
-    label = torch.cuda.get_device_name().lower().replace(" ", "-") if gpu else "cpu"
+    label = device_label()
     meter = Meter(device, reps)
     rows = []
     with torch.inference_mode():
