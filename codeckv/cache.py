@@ -61,7 +61,7 @@ class CodecCache(Cache):
         """Convert a native cache (e.g. a DynamicCache right after a prefill) into a codec cache, in one go.
 
         Every full-attention layer (a plain DynamicLayer) becomes a codec layer holding the same tokens,
-        archived with one batched encode per codec (flush_layers): the same archive bytes and the same
+        archived in batched encodes per codec (flush_layers): the same archive bytes and the same
         decoded tokens as prefilling through the codec cache and flushing. Other layers (sliding window,
         ...) are taken over as they are, shared with `cache`, which should not be used afterwards.
         The fast path for a long prompt: prefill natively (SDPA on the raw tokens), convert once.
@@ -88,7 +88,7 @@ class CodecCache(Cache):
     def flush(self) -> None:
         """Archive now what the next update would archive (e.g. a prompt right after its prefill, to time it).
 
-        Batched across layers (codeckv/flush.py): one encode per codec for the whole prompt.
+        Batched across layers (codeckv/flush.py).
         """
         flush_layers([layer for layer in self.layers if isinstance(layer, CodecLayer)])
 

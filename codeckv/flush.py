@@ -1,6 +1,6 @@
-"""Archiving across layers: what every codec layer can archive now, in one batched encode per codec.
+"""Archiving across layers: what every codec layer can archive now, in batched encodes per codec.
 
-    flush_layers(cache.layers)          # CodecCache.flush and CodecCache.from_cache; CodecLayer.flush([self])
+    flush_layers(cache.layers)      # CodecCache.flush and CodecCache.from_cache; CodecLayer.flush: flush_layers([self])
 
 A layer offers `_archivable()` (tokens to archive now), `_span(count)` (those tokens, keys and values),
 `needs_decoded` and `_archived(count, keys, values, decoded)` (store the parts, advance); codeckv/layers.py.
@@ -14,7 +14,10 @@ import torch
 from codeckv.codecs.base import split_heads
 from kernels.ops import decode, encode
 
-BATCH_BYTES = 64 << 20  # flush_layers encodes at most about this many bytes of tokens per call
+# flush_layers encodes at most about this many bytes of tokens per call. On a CPU, passes over a batch that
+# stays in the cache are faster than fewer passes over one that does not (a 1k-token prompt of smollm2-135m,
+# 30 layers of turbo-4: 0.16 s in 2 MiB batches, 0.47 s in one); a GPU wants few, large launches.
+BATCH_BYTES = {"cpu": 2 << 20, "cuda": 64 << 20}
 
 
 @torch.inference_mode()
@@ -22,9 +25,9 @@ def flush_layers(layers: list) -> None:
     """Archive now what each layer would archive at its next update, batched across layers.
 
     Layers of one tier with the same count of pending tokens and the same geometry are encoded (and
-    decoded, for views) in one call per codec, their heads side by side: every codec treats each
-    (batch, head) row on its own, so each layer stores what its own flush would store. A prompt's
-    prefill then costs one encode per codec instead of one per layer (CodecCache.flush, from_cache).
+    decoded, for views) together, their heads side by side, in batches of about BATCH_BYTES: every codec
+    treats each (batch, head) row on its own, so each layer stores what its own flush would store. A short
+    prompt then costs a few encodes per codec instead of one per layer (CodecCache.flush, from_cache).
     """
     groups: dict[tuple, list] = {}
     for layer in layers:
@@ -33,14 +36,15 @@ def flush_layers(layers: list) -> None:
             k, v = layer._span(count)
             key = (count, k.shape[0], k.shape[3], v.shape[3], k.dtype, k.device, layer.tier)
             groups.setdefault(key, []).append(layer)
-    for (count, *_), members in groups.items():
+    for (count, *_, device, _tier), members in groups.items():
+        limit = BATCH_BYTES.get(device.type, BATCH_BYTES["cuda"])
         batch: list = []
         size = 0
         for layer in members:
             k, v = layer._span(count)
             batch.append(layer)
             size += k.numel() * k.element_size() + v.numel() * v.element_size()
-            if size >= BATCH_BYTES or layer is members[-1]:
+            if size >= limit or layer is members[-1]:
                 _flush_batch(batch, count)
                 batch, size = [], 0
 
