@@ -2,6 +2,7 @@
 
     enc = encode(x, codec)      # any codec: the DCT or rotation/quantizer kernel on CUDA when its layout allows
     x = decode(enc, codec)      # else codec.encode / codec.decode (the reference everywhere)
+    out = decode_attention(q, segments, scale, mask)  # Triton | decode_attention_torch | the reference
     backend_name("cuda", codec) # "triton", or "torch (why)" for a codec without a row layout
 
 Imported lazily by kernels/__init__.py (see there why); use them as `kernels.<op>`.
