@@ -186,6 +186,10 @@ def _latency(args: argparse.Namespace) -> None:
     from codeckv.tiers import get_tier
 
     tiers = [get_tier(name) for name in args.tiers]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     prompt = _prompt(args, loaded, default_context=1024)
     with tqdm(total=2 * len(tiers), desc="latency") as bar:
@@ -253,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     _prompt_arguments(latency, "the first 1024 corpus tokens")
     latency.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
     latency.add_argument("--tiers", nargs="+", default=["turbo-4"], help="tier names (default turbo-4)")
+    latency.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
     latency.add_argument("--out", help="CSV path (default assets/latency-<model>.csv)")
     latency.set_defaults(run=_latency)
 
