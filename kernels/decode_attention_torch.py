@@ -4,14 +4,16 @@ Same math as the reference in decode_attention.py (scores and weighted values in
 codec: q . x = (q Q) . row weighted by M, sum_p w[p] x[p] = ((w M.T) . rows) Q.T), organised for speed:
 
     pass 1  scores of every token -> one (B, Hkv, G*T, S) float32 buffer: raw spans by one matmul, coded
-            spans chunk by chunk: codes -> float rows in a reused buffer (one table lookup per byte,
-            then the scale and zero in place), one matmul with the rotated queries, one with M (DCT)
+            spans chunk by chunk: codes -> levels in a reused float32 buffer (one gather per byte from a
+            256-entry table that unpacks and looks up at once), per-channel scales and zeros folded into
+            the queries (per-token ones applied in place), one matmul with the rotated queries, one with M
     softmax mask added, max subtracted, exp in place; the sum is divided out at the end
     pass 2  weighted values, chunk by chunk the same way: (w M.T) @ rows accumulated in the value domain
 
-A chunk holds at most about CHUNK_FRACTION of the archive in float32 (at least MIN_CHUNK_BYTES), so the
-extra memory of a call stays a fraction of the archive, whatever the context; queries are taken in
-blocks when the score buffer would exceed SCORE_FRACTION of the archive (long prefills). Handles any T,
+A chunk's float32 rows take about CHUNK_FRACTION of the archive's bytes, between MIN_CHUNK_BYTES and
+MAX_CHUNK_BYTES (so that they stay in the L2 cache between the gather and the matmul): the extra memory
+of a call is a fraction of the archive, whatever the context. Queries are taken in blocks when the score
+buffer would exceed SCORE_FRACTION of the archive (long prefills). Handles any T,
 GQA, masks, raw segments anywhere, different key and value layouts; a codec without a row layout (png)
 is the reference's job (`decode_attention_torch_supported`).
 """
