@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from codeckv.codecs.base import split_heads
+from codeckv.codecs.base import concat_encoded, split_heads
 from kernels.ops import decode, encode
 
 # flush_layers encodes at most about this many bytes of tokens per call. On a CPU, passes over a batch that
@@ -45,22 +45,34 @@ def flush_layers(layers: list) -> None:
             batch.append(layer)
             size += k.numel() * k.element_size() + v.numel() * v.element_size()
             if size >= limit or layer is members[-1]:
-                _flush_batch(batch, count)
+                _flush_batch(batch, count, limit)
                 batch, size = [], 0
 
 
-def _flush_batch(layers: list, count: int) -> None:
-    """Encode the next `count` tokens of every layer (same tier and geometry) at once, hand each layer its part."""
+def _flush_batch(layers: list, count: int, limit: int) -> None:
+    """Encode the next `count` tokens of every layer (same tier and geometry) at once, hand each layer its part.
+
+    A span larger than `limit` bytes (a long prompt) is encoded in runs of whole archive units, which
+    stores the same bytes: every codec encodes consecutive blocks independently (codecs/base.py).
+    """
     tier = layers[0].tier
     spans = [layer._span(count) for layer in layers]
     heads = [k.shape[1] for k, _ in spans]
+    wanted = any(layer.needs_decoded for layer in layers)
     stored, decoded = [], []
     for side, codec in ((0, tier.key), (1, tier.value)):
         tokens = spans[0][side] if len(spans) == 1 else torch.cat([span[side] for span in spans], dim=1)
-        encoded = encode(tokens, codec)
+        unit = layers[0].unit
+        step = max(unit, limit // max(tokens[:, :, :1].numel() * tokens.element_size(), 1) // unit * unit)
+        parts = [encode(tokens[:, :, lo : lo + step], codec) for lo in range(0, count, step)]
+        encoded = parts[0] if len(parts) == 1 else concat_encoded(parts)
         stored.append(split_heads(encoded, heads))
-        wanted = any(layer.needs_decoded for layer in layers)
-        decoded.append(decode(encoded, codec).split(heads, dim=1) if wanted else [None] * len(layers))
+        if wanted:
+            pieces = [decode(part, codec) for part in parts]
+            whole = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+            decoded.append(whole.split(heads, dim=1))
+        else:
+            decoded.append([None] * len(layers))
     for i, layer in enumerate(layers):
         pair = None if decoded[0][i] is None else (decoded[0][i], decoded[1][i])
         layer._archived(count, stored[0][i], stored[1][i], pair)

@@ -229,3 +229,19 @@ def test_batched_flush_stores_what_each_layer_stores_alone(tier):
     for a, b in zip(alone, batched):
         assert _held(a).keys() == _held(b).keys()
         assert all(torch.equal(t, _held(b)[name]) for name, t in _held(a).items()), f"{tier}: batched flush differs"
+
+
+def test_a_long_span_is_archived_in_runs_with_the_same_bytes(monkeypatch):
+    """flush_layers cuts a span larger than its batch size into runs of whole units: the same archive and view."""
+    import codeckv.flush as flush
+
+    torch.manual_seed(2)
+    k, v = torch.randn(1, 2, 200, 64), torch.randn(1, 2, 200, 64)
+    whole, runs = CodecLayer(TIERS["turbo-4"]), CodecLayer(TIERS["turbo-4"])
+    whole.update(k, v)
+    whole.flush()
+    monkeypatch.setitem(flush.BATCH_BYTES, "cpu", 1)  # one archive unit per encode call
+    runs.update(k, v)
+    runs.flush()
+    assert runs.archive_k.tokens == whole.archive_k.tokens == 192
+    assert all(torch.equal(t, _held(runs)[name]) for name, t in _held(whole).items())
