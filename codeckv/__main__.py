@@ -1,4 +1,4 @@
-"""Command line: python -m codeckv quality|sweep|needle|inspect|memory ... (tables on stdout, CSV/JSON/HTML files)."""
+"""Command line: python -m codeckv quality|sweep|needle|inspect|memory|prefill|latency ... (tables on stdout, CSV/JSON/HTML files)."""
 
 from __future__ import annotations
 
@@ -187,6 +187,62 @@ def _memory(args: argparse.Namespace) -> None:
     print(f"wrote {write_csv(rows, out)}")
 
 
+def _prefill(args: argparse.Namespace) -> None:
+    from dataclasses import asdict
+
+    import torch
+
+    from codeckv.measure.prefill import prefill_table
+    from codeckv.measure.table import format_table, write_csv
+    from codeckv.models import load_model
+    from codeckv.tiers import TIERS, get_tier
+
+    tiers = [get_tier(name) for name in args.tiers] if args.tiers else list(TIERS.values())
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model)
+    total = len(args.tokens) * args.reps * sum(not t.is_native for t in tiers)
+    with tqdm(total=total, desc="prefill") as bar:
+
+        def progress(message: str) -> None:
+            bar.set_postfix_str(message)
+            bar.update(1)
+
+        rows = [asdict(r) for r in prefill_table(loaded, tiers, args.tokens, args.reps, not args.no_convert, progress)]
+    print(format_table(rows, ["tokens", "tier", "native_s", "prefill_s", "ratio", "convert_s", "convert_ratio"]))
+    print(f"{loaded.info.device}, {loaded.info.dtype}, {torch.get_num_threads()} threads, median of {args.reps}")
+    out = args.out or f"assets/prefill-{loaded.info.name.replace('/', '_')}.csv"
+    print(f"wrote {write_csv(rows, out)}")
+
+
+def _latency(args: argparse.Namespace) -> None:
+    from codeckv.measure.latency import latency_table
+    from codeckv.measure.table import format_table, write_csv
+    from codeckv.models import load_model
+    from codeckv.tiers import get_tier
+
+    tiers = [get_tier(name) for name in args.tiers]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model)
+    prompt = _prompt(args, loaded, default_context=1024)
+    with tqdm(total=2 * len(tiers), desc="latency") as bar:
+
+        def progress(message: str) -> None:
+            bar.set_postfix_str(message)
+            bar.update(1)
+
+        rows = latency_table(loaded, prompt, tiers, args.tokens, progress)
+    print(format_table(rows, ["tier", "materialization_free", "native_decode_ms", "decode_ms", "latency_ratio",
+                              "native_prefill_s", "prefill_s", "token_match", "delta_nll_pct", "ratio_vs_bf16"]))
+    print(f"{loaded.info.device}, {loaded.info.dtype}: {rows[0]['prompt_tokens']}-token prompt, "
+          f"{rows[0]['new_tokens']} new tokens")
+    out = args.out or f"assets/latency-{loaded.info.name.replace('/', '_')}.csv"
+    print(f"wrote {write_csv(rows, out)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m codeckv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -237,6 +293,24 @@ def main(argv: list[str] | None = None) -> int:
     memory.add_argument("--tiers", nargs="+", default=["jpeg-k8-int8", "turbo-4"], help="tier names")
     memory.add_argument("--out", help="CSV path (default assets/memory-<model>-<context>.csv)")
     memory.set_defaults(run=_memory)
+
+    prefill = sub.add_parser("prefill", help="prefill + archiving the prompt vs native prefill, per tier (interleaved)")
+    prefill.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
+    prefill.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096], help="prompt lengths (1024 4096)")
+    prefill.add_argument("--tiers", nargs="*", help="tier names (default: all)")
+    prefill.add_argument("--reps", type=int, default=3, help="repetitions, medians reported (default 3)")
+    prefill.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
+    prefill.add_argument("--no-convert", action="store_true", help="skip native prefill + CodecCache.from_cache")
+    prefill.add_argument("--out", help="CSV path (default assets/prefill-<model>.csv)")
+    prefill.set_defaults(run=_prefill)
+
+    latency = sub.add_parser("latency", help="decode ms/token native vs tiers, with and without a decoded view")
+    _prompt_arguments(latency, "the first 1024 corpus tokens")
+    latency.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
+    latency.add_argument("--tiers", nargs="+", default=["turbo-4"], help="tier names (default turbo-4)")
+    latency.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
+    latency.add_argument("--out", help="CSV path (default assets/latency-<model>.csv)")
+    latency.set_defaults(run=_latency)
 
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -12,6 +12,7 @@ codes (codeckv.attention; models from `codeckv.load_model` are already routed th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -23,6 +24,7 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
+from codeckv.flush import flush_layers
 from codeckv.footprint import Footprint, LayerFootprint
 from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.tiers import Tier, as_tier
@@ -53,11 +55,43 @@ class CodecCache(Cache):
         ]
         return cls(layers, tier)
 
+    @classmethod
+    def from_cache(
+        cls, cache: Cache, tier: Tier | str, materialization_free: bool = False, **overrides
+    ) -> CodecCache:
+        """Convert a native cache (e.g. a DynamicCache right after a prefill) into a codec cache, in one go.
+
+        Every full-attention layer (a plain DynamicLayer) becomes a codec layer holding the same tokens,
+        archived in batched encodes per codec (flush_layers): the same archive bytes and the same
+        decoded tokens as prefilling through the codec cache and flushing. Other layers (sliding window,
+        ...) are deep-copied, so `cache` is left as it was and stays usable.
+        The fast path for a long prompt: prefill natively (SDPA on the raw tokens), convert once.
+        """
+        tier = as_tier(tier)
+        if overrides:
+            tier = dataclasses.replace(tier, **overrides)
+        if tier.is_native:
+            raise ValueError(f"tier '{tier.name}' is native: keep the cache itself (allowed: a tier that encodes)")
+        codec_layer = CodedLayer if materialization_free else CodecLayer
+        layers = []
+        for layer in cache.layers:
+            if type(layer) is not DynamicLayer:
+                layers.append(copy.deepcopy(layer))
+                continue
+            converted = codec_layer(tier)
+            if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+                converted.adopt(layer.keys, layer.values)
+            layers.append(converted)
+        result = cls(layers, tier)
+        result.flush()
+        return result
+
     def flush(self) -> None:
-        """Archive now what the next update would archive (e.g. a prompt right after its prefill, to time it)."""
-        for layer in self.layers:
-            if isinstance(layer, CodecLayer):
-                layer.flush()
+        """Archive now what the next update would archive (e.g. a prompt right after its prefill, to time it).
+
+        Batched across layers (codeckv/flush.py).
+        """
+        flush_layers([layer for layer in self.layers if isinstance(layer, CodecLayer)])
 
     def footprint(self) -> Footprint:
         """Archive, resident and bf16-reference bytes, per layer and in total."""

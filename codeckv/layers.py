@@ -27,10 +27,11 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from codeckv.archive import Archive
-from codeckv.codecs.base import slice_encoded
+from codeckv.codecs.base import Encoded, slice_encoded
+from codeckv.flush import flush_layers
 from codeckv.footprint import LayerFootprint
 from codeckv.tiers import Tier
-from kernels.ops import Coded, Raw, Segment, decode, decode_attention, encode
+from kernels.ops import Coded, Raw, Segment, decode, decode_attention
 
 MIN_ARCHIVE_TOKENS = 8
 TAG = "codeckv_layer"  # attribute of the meta tensors a CodedLayer returns (codeckv.attention reads it)
@@ -81,17 +82,28 @@ class CodecLayer(DynamicLayer):
     @torch.inference_mode()
     def flush(self) -> None:
         """Encode every complete block that is neither a sink nor in the recent window, then decode it into the view."""
-        count = self._archivable()
-        if count <= 0:
-            return
+        flush_layers([self])
+
+    @torch.inference_mode()
+    def adopt(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Take (B, H, S, D) states as this empty layer's first tokens, without archiving them yet (flush does)."""
+        if self.length:
+            raise ValueError("adopt(): the layer already holds tokens")
+        self.update(key_states, value_states)
+
+    needs_decoded = True  # flush_layers hands _archived the decoded tokens (they replace the raw ones in the view)
+
+    def _span(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next `count` tokens to archive, (B, H, count, D) keys and values (views)."""
         span = slice(self.archived_upto, self.archived_upto + count)
-        for codec, archive, view in (
-            (self.tier.key, self.archive_k, self._view_k),
-            (self.tier.value, self.archive_v, self._view_v),
-        ):
-            encoded = encode(view[:, :, span], codec)
-            archive.append(encoded)
-            view[:, :, span] = decode(encoded, codec)
+        return self._view_k[:, :, span], self._view_v[:, :, span]
+
+    def _archived(self, count: int, keys: Encoded, values: Encoded, decoded: tuple | None) -> None:
+        """Store the archive of the next `count` tokens; their decoded (keys, values) replace them in the view."""
+        self.archive_k.append(keys)
+        self.archive_v.append(values)
+        span = slice(self.archived_upto, self.archived_upto + count)
+        self._view_k[:, :, span], self._view_v[:, :, span] = decoded
         self.archived_upto += count
 
     def _archivable(self) -> int:
@@ -256,14 +268,31 @@ class CodedLayer(CodecLayer):
         return keys, values
 
     @torch.inference_mode()
-    def flush(self) -> None:
-        """Encode every complete block of the tail that left the recent window; keep the rest raw."""
-        count = self._archivable()
-        if count <= 0:
-            return
+    def adopt(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Take (B, H, S, D) states as this empty layer's first tokens; the tail stays a view of them until flush."""
+        if self.length:
+            raise ValueError("adopt(): the layer already holds tokens")
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        sinks = min(self.tier.keep_first, key_states.shape[2])
+        if sinks:
+            self._sinks = key_states[:, :, :sinks].clone(), value_states[:, :, :sinks].clone()
+        self.length = key_states.shape[2]
+        self.keys, self.values = self._shapes(key_states, value_states)
+        if sinks < self.length:
+            tail = key_states[:, :, sinks:], value_states[:, :, sinks:]
+            self._tail = tail if self._archivable() else (tail[0].clone(), tail[1].clone())  # flush clones the rest
+
+    needs_decoded = False
+
+    def _span(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._tail[0][:, :, :count], self._tail[1][:, :, :count]
+
+    def _archived(self, count: int, keys: Encoded, values: Encoded, decoded: tuple | None) -> None:
+        """Store the archive of the first `count` tail tokens and keep the rest of the tail raw."""
+        self.archive_k.append(keys)
+        self.archive_v.append(values)
         k, v = self._tail
-        self.archive_k.append(encode(k[:, :, :count], self.tier.key))
-        self.archive_v.append(encode(v[:, :, :count], self.tier.value))
         self._tail = (k[:, :, count:].clone(), v[:, :, count:].clone())
         self.archived_upto += count
 

@@ -9,8 +9,10 @@
 
 The kernels read the row layout each codec declares (`codec.row_layout()`, kernels/layout.py) and
 import no codec class. Every op dispatches on `tensor.is_cuda`: the Triton kernel on a GPU when the
-codec's layout allows it (and, for attention, when no mask is given), else the torch reference of the
-same file; `backend_name(device, codec)` says which one a tensor gets, and why for the torch path.
+codec's layout allows it (and, for attention, when no mask is given), else torch: the codec's own
+encode / decode, and for attention decode_attention_torch (kernels/decode_attention_torch.py, the fast
+path the CPU uses) or, for a codec without a row layout, the reference; `backend_name(device, codec)`
+says which one a tensor gets, and why for the torch path.
 
 The ops live in kernels/ops.py and this package imports nothing until one of these names is used
 (PEP 562): transformers probes for the Hugging Face kernel hub by importing whatever top-level

@@ -3,18 +3,24 @@
     python -m kernels.bench                       # --quick: contexts 1k, 4k, 16k
     python -m kernels.bench --lengths 1024,65536  # up to 64k
 
-Headline configuration: B=1, 8 KV heads, 16 query heads, head_dim 128, tiers jpeg-k2-int8 and turbo-4;
-bf16 on a GPU, fp32 on CPU. Each row: median milliseconds over the repetitions and the peak extra
-memory of one call (CUDA allocator peak on a GPU; the process's peak RSS on CPU, with glibc told to
-mmap every large block so a freed block leaves the RSS); slow methods get fewer repetitions
-(TIME_BUDGET_S). Methods:
+Headline configuration: B=1, 8 KV heads, 16 query heads, head_dim 128, tiers jpeg-k8-int8, jpeg-k2-int8
+and turbo-4; bf16 on a GPU, fp32 on CPU. Each row: median milliseconds over the repetitions and the
+peak extra memory of one call (CUDA allocator peak on a GPU; the process's peak RSS on CPU, with glibc
+told to mmap every block over 64 KiB for that call and its free heap pages trimmed, so that the RSS
+tracks what is in use). The timed calls run
+with glibc's heap serving blocks up to 32 MiB, as in a warmed-up process (glibc's dynamic mmap threshold
+rises to that), so that neither method pays a page fault per allocation; slow methods get fewer
+repetitions (TIME_BUDGET_S). Methods:
 
     triton        the Triton kernel (GPU only; "n/a" on CPU)
+    torch         decode_attention only: decode_attention_torch, the fast torch path the CPU uses
     reference     the torch reference (decode_attention: chunked, in the coefficient / rotated domain)
     materialized  decode_attention only: decode K and V to (S, D), then SDPA
     native_sdpa   decode_attention only: SDPA on uncompressed K/V in the bench dtype (no codec)
 
-Prints a table and writes CSV to assets/kernels-bench-<device>.csv.
+decode_attention rows also give archive_mib (the stored codes and raw tokens the kernels read),
+torch_vs_sdpa (torch ms / native_sdpa ms) and torch_peak_vs_archive (torch peak MiB / archive_mib).
+Prints a table and writes CSV to assets/kernels-bench-<device>.csv (`--threads N`: torch threads on CPU).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import csv
 import ctypes
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -36,17 +43,20 @@ from kernels import Coded, Raw
 from kernels.dct_decode import dct_decode_ref, dct_decode_triton
 from kernels.dct_encode import dct_encode_ref, dct_encode_triton
 from kernels.decode_attention import decode_attention_ref, decode_attention_triton
+from kernels.decode_attention_torch import decode_attention_torch
 from kernels.dequant_rotate import dequant_rotate_ref, dequant_rotate_triton
 from kernels.layout import layout_of
 from kernels.rotate_quant import rotate_quant_ref, rotate_quant_triton
 
 BATCH, KV_HEADS, Q_HEADS, HEAD_DIM = 1, 8, 16, 128
-TIER_NAMES = ("jpeg-k2-int8", "turbo-4")
+TIER_NAMES = ("jpeg-k8-int8", "jpeg-k2-int8", "turbo-4")
 QUICK_LENGTHS = (1024, 4096, 16384)
-METHODS = ("triton", "reference", "materialized", "native_sdpa")
+METHODS = ("triton", "torch", "reference", "materialized", "native_sdpa")
 TIME_BUDGET_S = 3.0  # timed repetitions of one method stop near this many seconds (at least one)
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+_MMAP_FOR_MEMORY = 1 << 16  # blocks above this come from mmap while the peak memory is measured
+_MMAP_FOR_TIMING = 32 << 20  # glibc's largest dynamic threshold (64-bit): the heap serves and reuses blocks
 
 
 class Meter:
@@ -54,8 +64,12 @@ class Meter:
 
     def __init__(self, device: torch.device, reps: int) -> None:
         self.device, self.reps = device, reps
-        if device.type == "cpu":  # large blocks straight from mmap: freeing them returns them, RSS tracks usage
-            ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 16)
+        self._libc = ctypes.CDLL("libc.so.6") if device.type == "cpu" else None
+
+    def _mmap_threshold(self, size: int) -> None:
+        if self._libc is not None:
+            self._libc.mallopt(_M_MMAP_THRESHOLD, size)
+            self._libc.malloc_trim(0)  # free heap pages leave the RSS: reusing them counts again
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -64,9 +78,12 @@ class Meter:
     def measure(self, fn: Callable[[], object]) -> tuple[float, float]:
         """(median ms, peak extra MiB): the first call (warm-up, Triton compilation) gives the peak memory."""
         start = time.perf_counter()
+        self._mmap_threshold(_MMAP_FOR_MEMORY)  # large blocks straight from mmap: freed, they leave the RSS
         mib = self.peak_mib(fn)
+        self._mmap_threshold(_MMAP_FOR_TIMING)
         first = time.perf_counter() - start
         reps = max(1, min(self.reps, int(TIME_BUDGET_S / max(first, 1e-9))))  # slow references run fewer times
+        fn()  # warm the heap for this method's block sizes
         return self.time_ms(fn, reps), mib
 
     def time_ms(self, fn: Callable[[], object], reps: int) -> float:
@@ -136,23 +153,32 @@ def _cases(tier_name: str, context: int, device: torch.device, dtype: torch.dtyp
     query = torch.randn(BATCH, Q_HEADS, 1, HEAD_DIM, device=device).to(dtype)
     attention = {
         "triton": (lambda: decode_attention_triton(query, segments)) if gpu else None,
+        "torch": lambda: decode_attention_torch(query, segments),
         "reference": lambda: decode_attention_ref(query, segments),
         "materialized": lambda: _materialized(query, segments, dtype),
         "native_sdpa": lambda: F.scaled_dot_product_attention(query, keys, values, enable_gqa=True),
     }
-    yield "decode_attention", attention
+    archive = sum(t.numel() * t.element_size() for t in (segments[1].keys, segments[1].values))
+    yield "decode_attention", attention, (segments[0].keys.nbytes + segments[0].values.nbytes + archive) / 2**20
     if layout_of(tier.key).block > 1:  # a DCT tier: the block encoders
         codec, x, enc = tier.key, keys[:, :, :archived], segments[0].keys
         yield "dct_encode", {"triton": (lambda: dct_encode_triton(x, codec)) if gpu else None,
-                             "reference": lambda: dct_encode_ref(x, codec)}
+                             "reference": lambda: dct_encode_ref(x, codec)}, None
         yield "dct_decode", {"triton": (lambda: dct_decode_triton(enc, codec)) if gpu else None,
-                             "reference": lambda: dct_decode_ref(enc, codec)}
+                             "reference": lambda: dct_decode_ref(enc, codec)}, None
     else:
         codec, x, enc = tier.value, values[:, :, :archived], segments[0].values
         yield "rotate_quant", {"triton": (lambda: rotate_quant_triton(x, codec)) if gpu else None,
-                               "reference": lambda: rotate_quant_ref(x, codec)}
+                               "reference": lambda: rotate_quant_ref(x, codec)}, None
         yield "dequant_rotate", {"triton": (lambda: dequant_rotate_triton(enc, codec)) if gpu else None,
-                                 "reference": lambda: dequant_rotate_ref(enc, codec)}
+                                 "reference": lambda: dequant_rotate_ref(enc, codec)}, None
+
+
+def device_label() -> str:
+    """The device's name for file names: the GPU's (e.g. "nvidia-h100-80gb-hbm3"), or "cpu"."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
 
 
 def run(lengths: list[int], reps: int, out: Path | None) -> list[dict]:
@@ -160,21 +186,17 @@ def run(lengths: list[int], reps: int, out: Path | None) -> list[dict]:
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
     dtype = torch.bfloat16 if gpu else torch.float32
-    label = torch.cuda.get_device_name().lower().replace(" ", "-") if gpu else "cpu"
+    label = device_label()
     meter = Meter(device, reps)
     rows = []
     with torch.inference_mode():
         for tier_name in TIER_NAMES:
             for context in lengths:
-                for op, methods in _cases(tier_name, context, device, dtype, gpu):
-                    row = {"device": label, "op": op, "tier": tier_name, "context": context, "dtype": str(dtype)[6:]}
-                    for method in METHODS:
-                        fn = methods.get(method)
-                        ms, mib = meter.measure(fn) if fn else (None, None)
-                        row[f"{method}_ms"] = "n/a" if ms is None else f"{ms:.4f}"
-                        row[f"{method}_peak_mib"] = "n/a" if mib is None else f"{mib:.2f}"
-                    rows.append(row)
-                    _print_row(row, first=len(rows) == 1)
+                for op, methods, archive_mib in _cases(tier_name, context, device, dtype, gpu):
+                    head = {"device": label, "op": op, "tier": tier_name, "context": context, "dtype": str(dtype)[6:],
+                            "threads": "n/a" if gpu else torch.get_num_threads()}
+                    rows.append(_measure(meter, head, methods, archive_mib))
+                    _print_row(rows[-1], first=len(rows) == 1)
     if out is None:
         out = ASSETS / f"kernels-bench-{label}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -186,14 +208,31 @@ def run(lengths: list[int], reps: int, out: Path | None) -> list[dict]:
     return rows
 
 
+def _measure(meter: Meter, head: dict, methods: dict, archive_mib: float | None) -> dict:
+    """One CSV row: every method's median ms and peak MiB, then the archive and the fast path's ratios."""
+    row, measured = dict(head), {}
+    for method in METHODS:
+        fn = methods.get(method)
+        measured[method] = ms, mib = meter.measure(fn) if fn else (None, None)
+        row[f"{method}_ms"] = "n/a" if ms is None else f"{ms:.4f}"
+        row[f"{method}_peak_mib"] = "n/a" if mib is None else f"{mib:.2f}"
+    fast, sdpa = measured["torch"], measured["native_sdpa"]
+    row["archive_mib"] = "n/a" if archive_mib is None else f"{archive_mib:.2f}"
+    row["torch_vs_sdpa"] = "n/a" if fast[0] is None else f"{fast[0] / sdpa[0]:.3f}"
+    row["torch_peak_vs_archive"] = "n/a" if fast[0] is None else f"{fast[1] / archive_mib:.3f}"
+    return row
+
+
 def _print_row(row: dict, first: bool) -> None:
     cells = [f"{row['op']:<16}", f"{row['tier']:<13}", f"{row['context']:>7}"]
-    cells += [f"{row[f'{m}_ms']:>12}" for m in METHODS] + [f"{row[f'{m}_peak_mib']:>12}" for m in METHODS]
+    cells += [f"{row[f'{m}_ms']:>11}" for m in METHODS] + [f"{row[f'{m}_peak_mib']:>11}" for m in METHODS]
+    cells += [f"{row['archive_mib']:>11}", f"{row['torch_vs_sdpa']:>9}"]
     if first:
         head = [f"{'op':<16}", f"{'tier':<13}", f"{'context':>7}"]
-        head += [f"{m[:9] + ' ms':>12}" for m in METHODS] + [f"{m[:8] + ' MiB':>12}" for m in METHODS]
+        head += [f"{m[:8] + ' ms':>11}" for m in METHODS] + [f"{m[:7] + ' MiB':>11}" for m in METHODS]
+        head += [f"{'arch MiB':>11}", f"{'tch/sdpa':>9}"]
         print(f"device {row['device']}, B={BATCH} KV heads={KV_HEADS} Q heads={Q_HEADS} head_dim={HEAD_DIM} "
-              f"{row['dtype']}; median ms and peak extra MiB per call")
+              f"{row['dtype']}, threads {row['threads']}; median ms and peak extra MiB per call")
         print(" ".join(head))
     print(" ".join(cells), flush=True)
 
@@ -204,7 +243,10 @@ def main() -> None:
     parser.add_argument("--lengths", type=str, default=None, help="comma-separated contexts, e.g. 1024,65536")
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions (default: 5 on CPU, 50 on GPU)")
     parser.add_argument("--out", type=Path, default=None, help="CSV path (default: assets/kernels-bench-<device>.csv)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (default: torch's own choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.quick and args.lengths:
         parser.error("--quick and --lengths are exclusive")
     lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else list(QUICK_LENGTHS)

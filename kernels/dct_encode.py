@@ -21,6 +21,7 @@ from codeckv.codecs.layout import Codec, Encoded, RowLayout, check_input
 from kernels.layout import basis, layout_of, raw_dtype, rotation
 from kernels.triton_helpers import (
     encoder_inputs,
+    encoder_meta,
     pow2,
     quant_outputs,
     quantize_pack,
@@ -38,7 +39,7 @@ def _dct_encode_kernel(
     basis_ptr,  # (K, R) float32 DCT-II basis M
     out_ptr,  # raw: (B, H, NROWS, D) coefficients (x.dtype or Cast's) | quantized: (B, H, NROWS, D*bits/8) uint8
     scale_ptr, offset_ptr,  # fp16 scales and zeros (quantized only; zeros only for GroupQuant)
-    lut_ptr, thr_ptr, mult_ptr, n_mult,  # Lloyd-Max levels, thresholds, RMS multiples (LLOYD only)
+    lut_ptr, thr_ptr, mult_ptr, n_mult, err_ptr, n_bins,  # Lloyd-Max tables (LLOYD only; encoder_inputs)
     rot_ptr,  # (D, D) float32 rotation Q (ROTATE only)
     n_heads, n_rows,  # H, NROWS = nb * K
     x_sb, x_sh, x_ss,  # x strides (batch, head, token)
@@ -49,6 +50,7 @@ def _dct_encode_kernel(
     D: tl.constexpr, NG: tl.constexpr, NG_P: tl.constexpr, GW: tl.constexpr, GW_P: tl.constexpr,  # channel tiling
     QUANT: tl.constexpr, BITS: tl.constexpr, PER_CHANNEL: tl.constexpr, LLOYD: tl.constexpr,
     ROTATE: tl.constexpr, SLAB: tl.constexpr,
+    BIN_SCALE: tl.constexpr, REFIT: tl.constexpr,  # Lloyd-Max search (encoder_meta)
 ):
     pid_bh = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -86,8 +88,8 @@ def _dct_encode_kernel(
         quantize_pack(
             acc, mask, rows, gidx, tidx, pid_t,
             out_ptr + b * o_sb + h * o_sh, scale_ptr + b * s_sb + h * s_sh, offset_ptr + b * s_sb + h * s_sh,
-            lut_ptr, thr_ptr, mult_ptr, n_mult, o_sr, s_sr,
-            GW, BITS, PER_CHANNEL, LLOYD,
+            lut_ptr, thr_ptr, mult_ptr, n_mult, err_ptr, n_bins, o_sr, s_sr,
+            GW, BITS, PER_CHANNEL, LLOYD, BIN_SCALE, REFIT,
         )
     else:
         dst = out_ptr + b * o_sb + h * o_sh + rows * o_sr + chans
@@ -124,17 +126,15 @@ def dct_encode_triton(x: torch.Tensor, codec: Codec) -> Encoded:
         out = torch.empty((b, h, n_rows, d), dtype=raw_dtype(layout, x.dtype), device=x.device)
         scale = offset = out
         data = {layout.name(layout.rows.name): out}
-        lut = thr = mults = m
         rows = ROWS_PER_TOKEN_TILE
     else:
         out, scale, offset, data = quant_outputs(spec, (b, h, n_rows, d), x.device, layout.prefix)
         offset = scale if offset is None else offset
-        lut, thr, mults = encoder_inputs(spec, x.device)
         rows = spec.group if spec.per_channel else ROWS_PER_TOKEN_TILE
     rot = rotation(layout, d, x.device)
     grid = (b * h, triton.cdiv(n_rows, rows))
     _dct_encode_kernel[grid](
-        x, m, out, scale, offset, lut, thr, mults, mults.numel(),
+        x, m, out, scale, offset, *encoder_inputs(spec, x.device),
         m if rot is None else rot,
         h, n_rows,
         x.stride(0), x.stride(1), x.stride(2),
@@ -144,7 +144,7 @@ def dct_encode_triton(x: torch.Tensor, codec: Codec) -> Encoded:
         D=d, **tiles,
         QUANT=spec is not None, BITS=spec.bits if spec else 8, PER_CHANNEL=bool(spec and spec.per_channel),
         LLOYD=bool(spec and spec.lloyd_max), ROTATE=rot is not None, SLAB=rotation_slab_width(d),
-        num_warps=8 if rot is not None else 4,
+        **encoder_meta(spec), num_warps=8 if rot is not None else 4,
     )
     return Encoded(data, (b, h, s, d), x.dtype)
 

@@ -86,6 +86,11 @@ def scale_multiples(spec: QuantRows, device: torch.device | str) -> torch.Tensor
     return _table(spec.scale_multiples, torch.device(device))
 
 
+def search_errors(spec: QuantRows, device: torch.device | str) -> torch.Tensor:
+    """The Lloyd-Max encoder's search table ERRORS (search_bins * multiples,) float32 (codecs/lloyd_search.py)."""
+    return _table(spec.search_errors, torch.device(device))
+
+
 def raw_dtype(layout: RowLayout, x_dtype: torch.dtype) -> torch.dtype:
     """The dtype raw rows are stored in (the layout's, else the tokens')."""
     return layout.rows.dtype or x_dtype

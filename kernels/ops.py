@@ -2,6 +2,7 @@
 
     enc = encode(x, codec)      # any codec: the DCT or rotation/quantizer kernel on CUDA when its layout allows
     x = decode(enc, codec)      # else codec.encode / codec.decode (the reference everywhere)
+    out = decode_attention(q, segments, scale, mask)  # Triton | decode_attention_torch | the reference
     backend_name("cuda", codec) # "triton", or "torch (why)" for a codec without a row layout
 
 Imported lazily by kernels/__init__.py (see there why); use them as `kernels.<op>`.
@@ -24,6 +25,7 @@ from kernels.decode_attention import (
     decode_attention_supported,
     decode_attention_triton,
 )
+from kernels.decode_attention_torch import decode_attention_torch, decode_attention_torch_supported
 from kernels.dequant_rotate import dequant_rotate_ref, dequant_rotate_supported, dequant_rotate_triton
 from kernels.layout import layout_of
 from kernels.rotate_quant import rotate_quant_ref, rotate_quant_supported, rotate_quant_triton
@@ -117,9 +119,13 @@ def decode_attention(
     """Attention of query (B, Hq, T, D) on stored segments without materializing K/V: (B, Hq, T, Dv).
 
     mask: None (every query sees every token) or (B, 1|Hq, T, S), bool (True = attend) or additive.
+    The Triton kernel on CUDA without a mask; else decode_attention_torch (few large torch ops, bounded
+    memory) when every coded span declares a row layout; else the reference (it decodes png's deltas).
     """
     if query.is_cuda and mask is None and decode_attention_supported(segments):
         return decode_attention_triton(query, segments, scale)
+    if decode_attention_torch_supported(segments):
+        return decode_attention_torch(query, segments, scale, mask)
     return decode_attention_ref(query, segments, scale, mask)
 
 

@@ -18,6 +18,7 @@ from codeckv.codecs.layout import Codec, Encoded, RowLayout, check_input
 from kernels.layout import layout_of, rotation
 from kernels.triton_helpers import (
     encoder_inputs,
+    encoder_meta,
     pow2,
     quant_outputs,
     quantize_pack,
@@ -35,7 +36,7 @@ def _rotate_quant_kernel(
     rot_ptr,  # (D, D) float32 rotation Q (ROTATE only)
     codes_ptr,  # (B, H, S, D*bits/8) uint8 packed codes
     scale_ptr, offset_ptr,  # fp16 scales and zeros (zeros for GroupQuant only)
-    lut_ptr, thr_ptr, mult_ptr, n_mult,  # Lloyd-Max levels, thresholds, RMS multiples (LLOYD only)
+    lut_ptr, thr_ptr, mult_ptr, n_mult, err_ptr, n_bins,  # Lloyd-Max tables (LLOYD only; encoder_inputs)
     n_heads, n_tokens,  # H, S
     x_sb, x_sh, x_ss,  # x strides (batch, head, token)
     c_sb, c_sh, c_sr,  # codes strides (batch, head, token)
@@ -43,6 +44,7 @@ def _rotate_quant_kernel(
     ROWS: tl.constexpr, R_P: tl.constexpr,  # tokens per program, padded to a power of two
     D: tl.constexpr, NG: tl.constexpr, NG_P: tl.constexpr, GW: tl.constexpr, GW_P: tl.constexpr,  # channel tiling
     BITS: tl.constexpr, PER_CHANNEL: tl.constexpr, LLOYD: tl.constexpr, ROTATE: tl.constexpr, SLAB: tl.constexpr,
+    BIN_SCALE: tl.constexpr, REFIT: tl.constexpr,  # Lloyd-Max search (encoder_meta)
 ):
     pid_bh = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -68,8 +70,8 @@ def _rotate_quant_kernel(
     quantize_pack(
         y, mask, rows, gidx, tidx, pid_t,
         codes_ptr + b * c_sb + h * c_sh, scale_ptr + b * s_sb + h * s_sh, offset_ptr + b * s_sb + h * s_sh,
-        lut_ptr, thr_ptr, mult_ptr, n_mult, c_sr, s_sr,
-        GW, BITS, PER_CHANNEL, LLOYD,
+        lut_ptr, thr_ptr, mult_ptr, n_mult, err_ptr, n_bins, c_sr, s_sr,
+        GW, BITS, PER_CHANNEL, LLOYD, BIN_SCALE, REFIT,
     )
 
 
@@ -96,20 +98,20 @@ def rotate_quant_triton(x: torch.Tensor, codec: Codec) -> Encoded:
     layout = layout_of(codec)
     spec = layout.quant
     codes, scale, offset, data = quant_outputs(spec, (b, h, s, d), x.device, layout.prefix)
-    lut, thr, mults = encoder_inputs(spec, x.device)
+    tables = encoder_inputs(spec, x.device)
     rot = rotation(layout, d, x.device)
     rows = spec.group if spec.per_channel else TOKENS_PER_TILE
     grid = (b * h, triton.cdiv(s, rows))
     _rotate_quant_kernel[grid](
-        x, lut if rot is None else rot, codes, scale, scale if offset is None else offset,
-        lut, thr, mults, mults.numel(),
+        x, tables[0] if rot is None else rot, codes, scale, scale if offset is None else offset,
+        *tables,
         h, s,
         x.stride(0), x.stride(1), x.stride(2),
         codes.stride(0), codes.stride(1), codes.stride(2),
         scale.stride(0), scale.stride(1), scale.stride(2),
         ROWS=rows, R_P=max(pow2(rows), 16 if rot is not None else 1), D=d, **tile_layout(spec, d),
         BITS=spec.bits, PER_CHANNEL=spec.per_channel, LLOYD=spec.lloyd_max, ROTATE=rot is not None,
-        SLAB=rotation_slab_width(d),
+        SLAB=rotation_slab_width(d), **encoder_meta(spec),
         num_warps=8 if rot is not None else 4,
     )
     return Encoded(data, (b, h, s, d), x.dtype)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from codeckv.codecs.layout import QuantRows
-from kernels.layout import levels, scale_multiples, thresholds
+from kernels.layout import levels, scale_multiples, search_errors, thresholds
 
 
 def row_strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -123,6 +123,16 @@ def pack_codes(
 
 
 @triton.jit
+def nearest_code(u, thr_ptr, BITS: tl.constexpr):
+    """Index of the nearest Lloyd-Max level of u: how many thresholds are < u (torch.bucketize), binary search."""
+    c = tl.zeros(u.shape, tl.int32)
+    for step in tl.static_range(BITS):
+        probe = c + (1 << (BITS - 1 - step))
+        c = tl.where(u > tl.load(thr_ptr + probe - 1), probe, c)
+    return c
+
+
+@triton.jit
 def quantize_pack(
     y,  # (R_P, NG_P, GW_P) float32 values; element (row, g, t) is channel g*GW + t
     mask,  # (R_P, NG_P, GW_P) validity
@@ -134,38 +144,45 @@ def quantize_pack(
     lut_ptr,  # (2**bits,) float32 Lloyd-Max levels
     thr_ptr,  # (2**bits - 1,) float32 Lloyd-Max decision thresholds
     mult_ptr, n_mult,  # candidate multiples of the group RMS (LloydMaxQuant.scales), float32
+    err_ptr, n_bins,  # (n_bins, n_mult) float32 search table ERRORS (codecs/lloyd_search.py)
     code_stride, stat_stride,  # element strides between rows of codes / of scale
     GW: tl.constexpr,  # channels per group (per token), head_dim (per channel)
     BITS: tl.constexpr, PER_CHANNEL: tl.constexpr, LLOYD: tl.constexpr,
+    BIN_SCALE: tl.constexpr, REFIT: tl.constexpr,  # 2**search_shift; least-squares refit (Lloyd-Max only)
 ):
     """Quantize one tile exactly as GroupQuant / LloydMaxQuant.encode do; store codes, scales and offsets."""
     AXIS: tl.constexpr = 0 if PER_CHANNEL else 2  # the axis one quantization group spans
     LEVELS: tl.constexpr = (1 << BITS) - 1
+    TINY: tl.constexpr = 1.1754943508222875e-38  # 2**-126, codecs/lloyd_search.py
     count = tl.maximum(tl.sum(mask.to(tl.float32), axis=AXIS, keep_dims=True), 1.0)
     stat_mask = tl.max(mask.to(tl.int32), axis=AXIS, keep_dims=True) > 0
     if PER_CHANNEL:
         stat_off = stat_row * stat_stride + gidx * GW + tidx  # (1, NG_P, GW_P)
     else:
         stat_off = rows * stat_stride + gidx  # (R_P, NG_P, 1)
-    if LLOYD:
-        rms = tl.sqrt_rn(tl.math.div_rn(tl.sum(tl.where(mask, y * y, 0.0), axis=AXIS, keep_dims=True), count))
+    if LLOYD:  # the search of codecs/lloyd_search.py, step by step
+        y64 = y.to(tl.float64)
+        sum_sq = tl.sum(tl.where(mask, y64 * y64, 0.0), axis=AXIS, keep_dims=True)
+        rms = tl.sqrt_rn((sum_sq / count.to(tl.float64)).to(tl.float32))
+        v = tl.abs(tl.math.div_rn(y, tl.maximum(rms, TINY)))
+        bins = tl.minimum(tl.maximum(tl.minimum(v * BIN_SCALE, n_bins - 0.5).to(tl.int32), 0), n_bins - 1)
         best_err = tl.full(rms.shape, float("inf"), tl.float32)
-        best_scale = tl.zeros(rms.shape, tl.float32)
-        code = tl.zeros(y.shape, tl.int32)
-        for i in range(n_mult):
-            s = (rms * tl.load(mult_ptr + i)).to(tl.float16).to(tl.float32)
-            u = tl.where(s > 0, tl.math.div_rn(y, tl.where(s > 0, s, 1.0)), 0.0)
-            c = tl.zeros(y.shape, tl.int32)  # torch.bucketize: how many thresholds are < u (binary search)
-            for step in tl.static_range(BITS):
-                probe = c + (1 << (BITS - 1 - step))
-                c = tl.where(u > tl.load(thr_ptr + probe - 1), probe, c)
-            e = tl.load(lut_ptr + c) * s - y
-            err = tl.sum(tl.where(mask, e * e, 0.0), axis=AXIS, keep_dims=True)
+        best_mult = tl.zeros(rms.shape, tl.float32)
+        for i in range(n_mult):  # predicted error of every candidate: integer-valued float32 sums, exact
+            err = tl.sum(tl.where(mask, tl.load(err_ptr + bins * n_mult + i, mask=mask, other=0.0), 0.0),
+                         axis=AXIS, keep_dims=True)
             better = err < best_err
-            code = tl.where(better, c, code)
-            best_scale = tl.where(better, s, best_scale)
+            best_mult = tl.where(better, tl.load(mult_ptr + i), best_mult)
             best_err = tl.where(better, err, best_err)
-        tl.store(scale_ptr + stat_off, best_scale.to(tl.float16), mask=stat_mask)
+        s = (rms * best_mult).to(tl.float16).to(tl.float32)
+        code = nearest_code(tl.math.div_rn(y, tl.maximum(s, TINY)), thr_ptr, BITS)
+        if REFIT:  # least squares on the chosen levels, sums in float64
+            lv = tl.load(lut_ptr + code).to(tl.float64)
+            num = tl.sum(tl.where(mask, y64 * lv, 0.0), axis=AXIS, keep_dims=True).to(tl.float32)
+            den = tl.sum(tl.where(mask, lv * lv, 0.0), axis=AXIS, keep_dims=True).to(tl.float32)
+            s = tl.math.div_rn(num, tl.maximum(den, TINY)).to(tl.float16).to(tl.float32)
+            code = nearest_code(tl.math.div_rn(y, tl.maximum(s, TINY)), thr_ptr, BITS)
+        tl.store(scale_ptr + stat_off, s.to(tl.float16), mask=stat_mask)
     else:
         lo = tl.min(tl.where(mask, y, float("inf")), axis=AXIS, keep_dims=True)
         hi = tl.max(tl.where(mask, y, float("-inf")), axis=AXIS, keep_dims=True)
@@ -218,12 +235,23 @@ def quant_outputs(spec: QuantRows, shape: tuple[int, int, int, int], device: tor
     return codes, scale, offset, data
 
 
-def encoder_inputs(spec: QuantRows, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(levels, thresholds, scale multiples) float32 tensors the Lloyd-Max encoder reads (dummies otherwise)."""
-    if not spec.lloyd_max:
+def encoder_inputs(spec: QuantRows | None, device: torch.device) -> list:
+    """quantize_pack's table arguments: levels, thresholds, multiples, their count, the search table, its bins.
+
+    Float32 tensors for a Lloyd-Max encoder; dummies otherwise. encoder_meta(spec) gives the constexprs.
+    """
+    if spec is None or not spec.lloyd_max:
         dummy = torch.zeros(1, dtype=torch.float32, device=device)
-        return dummy, dummy, dummy
-    return levels(spec, device), thresholds(spec, device), scale_multiples(spec, device)
+        return [dummy, dummy, dummy, 1, dummy, 1]
+    mults = scale_multiples(spec, device)
+    return [levels(spec, device), thresholds(spec, device), mults, mults.numel(), search_errors(spec, device),
+            spec.search_bins]
+
+
+def encoder_meta(spec: QuantRows | None) -> dict[str, float | bool]:
+    """quantize_pack's search constexprs: BIN_SCALE = 2**search_shift, REFIT."""
+    lloyd = spec is not None and spec.lloyd_max
+    return {"BIN_SCALE": float(2 ** spec.search_shift) if lloyd else 1.0, "REFIT": bool(lloyd and spec.refit)}
 
 
 def tile_layout(spec: QuantRows | None, head_dim: int) -> dict[str, int]:

@@ -109,3 +109,22 @@ def test_footprint_after_an_inference_mode_forward():
         layer.update(torch.randn(1, 3, 20, 64), torch.randn(1, 3, 20, 64))
     fp = layer.footprint(0)
     assert layer.archive_k.tokens == 16 and fp.archive_bytes > 0
+
+
+@pytest.mark.parametrize("materialization_free", [False, True], ids=["view", "materialization-free"])
+def test_a_bf16_model_runs_every_tier(tiny_gemma3, materialization_free):
+    """On CUDA the model is bf16 (codeckv.models): nothing in the caches or the kernels' torch paths assumes fp32."""
+    model, config = tiny_gemma3.to(torch.bfloat16), tiny_gemma3.config
+    use_codec_attention(model)
+    ids = torch.randint(0, 128, (1, 70), generator=torch.Generator().manual_seed(0))
+    native = _greedy(model, ids, DynamicCache(config=config), 12)
+    for name, tier in TIERS.items():
+        if tier.is_native:
+            continue
+        cache = make_cache(config, name, materialization_free=materialization_free)
+        tokens = _greedy(model, ids, cache, 12)
+        fp = cache.footprint()
+        assert tokens.shape == native.shape and fp.archive_bytes > 0 and cache.layers[2].keys.dtype == torch.bfloat16
+        if name == "png":  # lossless in bf16 too: the native cache's bytes (and, through the view, its tokens;
+            assert fp.ratio == 1.0  # attention on the codes accumulates in fp32, bf16 SDPA does not)
+            assert materialization_free or torch.equal(tokens, native)

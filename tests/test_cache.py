@@ -1,11 +1,13 @@
-"""CodecCache as a transformers Cache: exactness of png, beams, crop, causal safety, hybrid layers, footprint."""
+"""CodecCache as a transformers Cache: exactness of png, beams, crop, causal safety, hybrid layers, footprint,
+conversion of a native cache (from_cache) and batched archiving across layers."""
 
 import pytest
 import torch
 from transformers import DynamicCache
 
-from codeckv.cache import CodecCache, footprint
-from codeckv.layers import CodecLayer
+from codeckv.cache import CodecCache, footprint, make_cache
+from codeckv.flush import flush_layers
+from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.tiers import TIERS
 
 PROMPT = "The history of the printing press begins in"
@@ -139,13 +141,109 @@ def test_reset_empties_the_cache_for_reuse(loaded, prompt_ids):
 
 def test_archiving_goes_through_the_kernel_ops(monkeypatch):
     """A CodecLayer encodes and decodes through kernels.encode / kernels.decode (Triton on CUDA, the codec on CPU)."""
-    import codeckv.layers as layers
+    import codeckv.flush as flush
 
     calls = []
-    encode, decode = layers.encode, layers.decode
-    monkeypatch.setattr(layers, "encode", lambda x, codec: calls.append("encode") or encode(x, codec))
-    monkeypatch.setattr(layers, "decode", lambda enc, codec: calls.append("decode") or decode(enc, codec))
+    encode, decode = flush.encode, flush.decode
+    monkeypatch.setattr(flush, "encode", lambda x, codec: calls.append("encode") or encode(x, codec))
+    monkeypatch.setattr(flush, "decode", lambda enc, codec: calls.append("decode") or decode(enc, codec))
     layer = CodecLayer(TIERS["turbo-4"])
     layer.update(torch.randn(1, 2, 40, 64), torch.randn(1, 2, 40, 64))
     layer.flush()
     assert calls == ["encode", "decode", "encode", "decode"] and layer.archive_k.tokens == 32
+
+
+def _held(layer) -> dict[str, torch.Tensor]:
+    """Everything a codec layer holds: its archives' stored tensors, and its decoded view or raw sinks / tail."""
+    held = {}
+    for side, archive in (("k", layer.archive_k), ("v", layer.archive_v)):
+        if archive.tokens:
+            held.update({f"{side}.{name}": t for name, t in archive.encoded().data.items()})
+    if isinstance(layer, CodedLayer):
+        for name in ("_sinks", "_tail"):
+            pair = getattr(layer, name)
+            if pair is not None:
+                held[name + ".k"], held[name + ".v"] = pair
+    else:
+        held["view.k"], held["view.v"] = layer.keys, layer.values
+    return held
+
+
+@pytest.fixture(scope="module")
+def converted_prompt(loaded):
+    """130 corpus tokens and the native DynamicCache after their prefill (from_cache leaves it unchanged)."""
+    from codeckv.measure.corpus import corpus_windows
+
+    ids = corpus_windows(loaded.tokenizer, 1, 130)
+    native = DynamicCache(config=loaded.model.config)
+    with torch.inference_mode():
+        loaded.model(ids, cache=native)
+    return ids, native
+
+
+@pytest.mark.parametrize("windows", [{}, {"keep_first": 4, "keep_recent": 20}], ids=["plain", "sinks+window"])
+@pytest.mark.parametrize("materialization_free", [False, True], ids=["view", "materialization-free"])
+@pytest.mark.parametrize("tier", [name for name, t in TIERS.items() if not t.is_native])
+def test_from_cache_equals_prefill_through_the_codec_cache(loaded, converted_prompt, tier, materialization_free,
+                                                           windows):
+    ids, native = converted_prompt
+    config = loaded.model.config
+    through = make_cache(config, tier, materialization_free=materialization_free, **windows)
+    with torch.inference_mode():
+        loaded.model(ids, cache=through)
+    through.flush()
+    converted = CodecCache.from_cache(native, tier, materialization_free=materialization_free, **windows)
+    assert converted.get_seq_length() == through.get_seq_length() == ids.shape[1]
+    assert converted.layers[0].archive_k.tokens == through.layers[0].archive_k.tokens > 0
+    for index, (want, got) in enumerate(zip(through.layers, converted.layers)):
+        want_held, got_held = _held(want), _held(got)
+        assert got_held.keys() == want_held.keys(), f"layer {index}: holds {sorted(got_held)}"
+        for name, tensor in want_held.items():
+            assert torch.equal(got_held[name], tensor), f"{tier} layer {index}: '{name}' differs"
+    assert converted.footprint().archive_bytes == through.footprint().archive_bytes
+
+
+def test_from_cache_copies_sliding_layers_and_rejects_native(tiny_gemma3):
+    model, config = tiny_gemma3, tiny_gemma3.config
+    native = DynamicCache(config=config)
+    with torch.inference_mode():
+        model(torch.randint(0, 128, (1, 40)), cache=native)
+    converted = CodecCache.from_cache(native, "jpeg-k8-int8")
+    assert [i for i, layer in enumerate(converted.layers) if isinstance(layer, CodecLayer)] == [2, 5]
+    for i in (0, 1, 3, 4):  # sliding layers are copied: the native cache stays usable as it was
+        assert converted.layers[i] is not native.layers[i]
+        assert torch.equal(converted.layers[i].keys, native.layers[i].keys)
+    with pytest.raises(ValueError, match="native"):
+        CodecCache.from_cache(native, "native")
+
+
+@pytest.mark.parametrize("tier", [name for name, t in TIERS.items() if not t.is_native])
+def test_batched_flush_stores_what_each_layer_stores_alone(tier):
+    """flush_layers encodes several layers' tokens at once: the same bytes and views as one flush per layer."""
+    torch.manual_seed(1)
+    states = [(torch.randn(1, 2, 70, 64), torch.randn(1, 2, 70, 64)) for _ in range(3)]
+    alone, batched = [CodecLayer(TIERS[tier]) for _ in states], [CodecLayer(TIERS[tier]) for _ in states]
+    for (k, v), a, b in zip(states, alone, batched):
+        a.update(k, v)
+        a.flush()
+        b.update(k, v)
+    flush_layers(batched)
+    for a, b in zip(alone, batched):
+        assert _held(a).keys() == _held(b).keys()
+        assert all(torch.equal(t, _held(b)[name]) for name, t in _held(a).items()), f"{tier}: batched flush differs"
+
+
+def test_a_long_span_is_archived_in_runs_with_the_same_bytes(monkeypatch):
+    """flush_layers cuts a span larger than its batch size into runs of whole units: the same archive and view."""
+    import codeckv.flush as flush
+
+    torch.manual_seed(2)
+    k, v = torch.randn(1, 2, 200, 64), torch.randn(1, 2, 200, 64)
+    whole, runs = CodecLayer(TIERS["turbo-4"]), CodecLayer(TIERS["turbo-4"])
+    whole.update(k, v)
+    whole.flush()
+    monkeypatch.setitem(flush.BATCH_BYTES, "cpu", 1)  # one archive unit per encode call
+    runs.update(k, v)
+    runs.flush()
+    assert runs.archive_k.tokens == whole.archive_k.tokens == 192
+    assert all(torch.equal(t, _held(runs)[name]) for name, t in _held(whole).items())

@@ -92,3 +92,10 @@ def slice_encoded(enc: Encoded, start: int, stop: int) -> Encoded:
             raise ValueError(f"slice_encoded: tokens [{start}, {stop}) cut a stored row of '{name}'")
         data[name] = t[:, :, lo // s : hi // s]
     return Encoded(data, (b, h, stop - start, d), enc.dtype)
+
+
+def split_heads(enc: Encoded, heads: list[int]) -> list[Encoded]:
+    """Cut an Encoded of (B, sum(heads), S, D) tokens into one Encoded per run of heads, as views along dim 1."""
+    b, _, s, d = enc.shape
+    parts = {name: t.split(heads, dim=1) for name, t in enc.data.items()}
+    return [Encoded({name: p[i] for name, p in parts.items()}, (b, h, s, d), enc.dtype) for i, h in enumerate(heads)]

@@ -11,6 +11,7 @@ significant bit first; stream bit j is bit (j % 8) of byte j // 8. Concretely:
             bytes 3u, 3u+1, 3u+2 = w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF
 
 A row of n codes packs into n*bits/8 bytes, so n*bits must be a multiple of 8.
+(The 2- and 4-bit fast paths read the codes of one byte as a little-endian word, as on x86 and ARM.)
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
             f"pack_bits: a row of {n} codes at {bits} bits does not fill whole bytes "
             f"(the row length must be a multiple of {unit_codes})"
         )
+    if bits == 8:
+        return codes.to(torch.uint8)
+    if bits in (2, 4):  # the codes of one byte as one little-endian word w: byte = low byte of OR_i (w >> i*(8-bits))
+        word = codes.to(torch.uint8).contiguous().view(torch.int16 if bits == 4 else torch.int32)
+        packed = word | (word >> (8 - bits))
+        for i in range(2, unit_codes):
+            packed |= word >> (i * (8 - bits))
+        return packed.to(torch.uint8)
     device = codes.device
     units = codes.to(torch.int32).reshape(*codes.shape[:-1], n // unit_codes, unit_codes)
     code_shift = torch.arange(unit_codes, device=device, dtype=torch.int32) * bits
@@ -55,6 +64,11 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """Inverse of pack_bits: (..., m) uint8 -> (..., m*8/bits) int64 codes."""
+    return unpack_uint8(packed, bits).to(torch.int64)
+
+
+def unpack_uint8(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of pack_bits as uint8 codes: (..., m) uint8 -> (..., m*8/bits) uint8 (not an index: cast first)."""
     check_bits(bits, "unpack_bits")
     m = packed.shape[-1]
     unit_codes, unit_bytes = pack_unit(bits)
@@ -63,10 +77,18 @@ def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
             f"unpack_bits: a row of {m} bytes is not a whole number of {bits}-bit units "
             f"(the row length must be a multiple of {unit_bytes})"
         )
+    if bits == 8:
+        return packed
+    if bits in (2, 4):  # code i of a byte: (byte >> i*bits) & mask, interleaved back in order
+        mask = (1 << bits) - 1
+        codes = packed.new_empty(*packed.shape, unit_codes)
+        for i in range(unit_codes):
+            torch.bitwise_and(packed >> (i * bits), mask, out=codes[..., i])
+        return codes.reshape(*packed.shape[:-1], m * unit_codes)
     device = packed.device
     units = packed.to(torch.int32).reshape(*packed.shape[:-1], m // unit_bytes, unit_bytes)
     byte_shift = torch.arange(unit_bytes, device=device, dtype=torch.int32) * 8
     words = (units << byte_shift).sum(-1, dtype=torch.int32)  # (..., m/bytes per unit)
     code_shift = torch.arange(unit_codes, device=device, dtype=torch.int32) * bits
     codes = (words.unsqueeze(-1) >> code_shift) & ((1 << bits) - 1)  # (..., m/bpu, u)
-    return codes.reshape(*packed.shape[:-1], m * 8 // bits).to(torch.int64)
+    return codes.reshape(*packed.shape[:-1], m * 8 // bits).to(torch.uint8)

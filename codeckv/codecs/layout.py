@@ -58,6 +58,10 @@ class QuantRows:
     levels: tuple[float, ...] | None = None  # level[code]: a codebook (Lloyd-Max), or None for the integer code
     thresholds: tuple[float, ...] | None = None  # decision thresholds between the levels (encoders only)
     scale_multiples: tuple[float, ...] = ()  # encoder: candidate multiples of the group RMS; () = min/max grid
+    search_errors: tuple[float, ...] = ()  # encoder: ERRORS (search_bins, len(scale_multiples)) flattened
+    search_bins: int = 0  # encoder: bins of |y| / rms, each 2**-search_shift wide (codecs/lloyd_search.py)
+    search_shift: int = 0
+    refit: bool = False  # encoder: least-squares refit of the chosen scale
     codes: str = "codes"  # names of the stored tensors (before the layout's prefix)
     scale: str = "scale"
     offset: str | None = None  # e.g. "zero" (added after scaling), or None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from codeckv.codecs.base import Encoded, check_input
-from codeckv.codecs.bitpack import check_bits, pack_bits, pack_unit, unpack_bits
+from codeckv.codecs.bitpack import check_bits, pack_bits, pack_unit, unpack_uint8
 from codeckv.codecs.layout import QuantRows, RowLayout
 
 
@@ -100,7 +100,7 @@ class GroupQuant:
 
     def decode(self, enc: Encoded) -> torch.Tensor:
         """x = code * scale + zero, returned as (B, H, S, D) in the original dtype."""
-        codes = unpack_bits(enc.data["codes"], self.bits).float()  # (B, H, S, D)
+        codes = unpack_uint8(enc.data["codes"], self.bits).float()  # (B, H, S, D)
         cg, axis = grouped(codes, self.group, self.per_channel)
         scale = enc.data["scale"].float().unsqueeze(axis)
         zero = enc.data["zero"].float().unsqueeze(axis)

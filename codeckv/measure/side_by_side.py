@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import torch
 from transformers import Cache, DynamicCache
 
-from codeckv.cache import footprint, make_cache
+from codeckv.cache import CodecCache, footprint, make_cache
 from codeckv.generate import chat_input_ids, next_logits, stop_token_ids
 from codeckv.layers import CodecLayer
 from codeckv.measure.lockstep import delta_percent, kl_divergence
@@ -153,14 +153,10 @@ def _text(loaded: LoadedModel, token_ids: list[int]) -> str:
 
 
 def filled_from(native: Cache, run: Run) -> Cache:
-    """A cache for run's tier holding what `native` holds: codec layers archive it, other layers are copied."""
-    cache = make_cache(run.loaded.model.config, run.tier, run.materialization_free)
-    for index, (source, layer) in enumerate(zip(native.layers, cache.layers)):
-        if isinstance(layer, CodecLayer):
-            layer.update(source.keys, source.values)
-        else:
-            cache.layers[index] = copy.deepcopy(source)
-    return cache
+    """A cache for run's tier holding what `native` holds (converted in one batched encode), native left as it was."""
+    if run.tier.is_native:
+        return copy.deepcopy(native)
+    return CodecCache.from_cache(native, run.tier, run.materialization_free)
 
 
 def stream_turn(

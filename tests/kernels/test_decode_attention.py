@@ -1,5 +1,6 @@
-"""decode_attention on stored codes equals decode-then-SDPA (fp32, 1e-4): Triton under the interpreter and the
-chunked torch reference, over tiers, GQA groups, odd lengths, raw sink / tail segments, splits and masks."""
+"""decode_attention on stored codes equals decode-then-SDPA (fp32, 1e-4): Triton under the interpreter, the chunked
+torch reference and the fast torch path, over tiers, GQA groups, odd lengths, raw sink / tail segments, splits, chunks,
+query blocks and masks."""
 
 import math
 
@@ -7,10 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import kernels.decode_attention_torch as fast
 from codeckv.codecs import DCT, GroupQuant
 from codeckv.tiers import TIERS, custom_tier
 from kernels import Coded, Raw, ops
 from kernels.decode_attention import decode_attention_ref, decode_attention_supported, decode_attention_triton
+from kernels.decode_attention_torch import decode_attention_torch, decode_attention_torch_supported
+from kernels.layout import layout_of
 
 ATOL = RTOL = 1e-4
 R6_GQ4 = DCT(block_size=6, k=3, coeffs=GroupQuant(bits=4, group=16))
@@ -20,6 +24,7 @@ CODECS = {  # name -> (key codec, value codec, head_dim)
        for name in ("jpeg-k2-int8", "jpeg-k8-int8", "jpeg-k4", "int8", "turbo-4", "turbo-3", "turbo-k4v2")},
     "r6-k3-gq4-d48": (R6_GQ4, R6_GQ4, 48),
     "dct-k4-rotated-lloyd-max": (DCT_ROTATED.key, DCT_ROTATED.value, 64),
+    "dct-keys-rotated-values": (TIERS["jpeg-k2-int8"].key, TIERS["turbo-4"].value, 64),  # different layouts
 }
 SHAPES = {  # name -> (B, KV heads, group, queries T, archived units, raw sink tokens, raw tail tokens, splits)
     "one-row": (1, 1, 1, 1, 1, 0, 1, 1),
@@ -53,7 +58,7 @@ def _materialized(query, segments, scale, mask=None):
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 @pytest.mark.parametrize("codecs", CODECS.values(), ids=CODECS.keys())
-def test_triton_and_reference_match_materialized_attention(codecs, shape, random_kv):
+def test_triton_and_reference_match_materialized_attention(codecs, shape, random_kv, monkeypatch):
     key_codec, value_codec, d = codecs
     b, hkv, g, t, units, sinks, tail, splits = shape
     segments = _segments(key_codec, value_codec, d, b, hkv, units, sinks, tail, random_kv)
@@ -61,6 +66,13 @@ def test_triton_and_reference_match_materialized_attention(codecs, shape, random
     want = _materialized(query, segments, 0.1)
     ref = decode_attention_ref(query, segments, 0.1, chunk_tokens=16)  # several chunks
     torch.testing.assert_close(ref, want, atol=ATOL, rtol=RTOL, msg="reference vs decode + SDPA")
+    monkeypatch.setattr(fast, "MAX_CHUNK_BYTES", 1)  # one archive unit per chunk: several chunks
+    assert decode_attention_torch_supported(segments)
+    torch.testing.assert_close(decode_attention_torch(query, segments, 0.1), want, atol=ATOL, rtol=RTOL,
+                               msg="fast torch path vs decode + SDPA")
+    if layout_of(key_codec).block != layout_of(value_codec).block:
+        assert not decode_attention_supported(segments), "the Triton kernel needs one block geometry for K and V"
+        return
     assert decode_attention_supported(segments)
     got = decode_attention_triton(query, segments, 0.1, num_splits=splits)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg="Triton vs decode + SDPA")
@@ -91,11 +103,28 @@ def test_reference_with_causal_and_padding_masks(tier, random_kv):
                                atol=ATOL, rtol=RTOL)
     additive = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, -math.inf)
     torch.testing.assert_close(decode_attention_ref(query, segments, mask=additive), want, atol=ATOL, rtol=RTOL)
+    if decode_attention_torch_supported(segments):
+        torch.testing.assert_close(decode_attention_torch(query, segments, mask=mask), want, atol=ATOL, rtol=RTOL)
+
+
+def test_fast_path_takes_queries_in_blocks_under_a_small_score_budget(random_kv, monkeypatch):
+    """A long prefill through a materialization-free layer: scores of all T queries would not fit the budget."""
+    codecs = TIERS["turbo-4"]
+    segments = _segments(codecs.key, codecs.value, 64, 1, 2, 2, 3, 9, random_kv)
+    s = sum(seg.tokens for seg in segments)
+    t = 9
+    query = random_kv((1, 4, t, 64), seed=11)
+    pos = torch.arange(s, device=query.device)
+    mask = (pos[None, :] <= pos[s - t :, None]).expand(1, 1, t, s)
+    monkeypatch.setattr(fast, "MIN_SCORE_BYTES", 1)
+    monkeypatch.setattr(fast, "SCORE_FRACTION", 1e-9)  # one query per block
+    torch.testing.assert_close(decode_attention_torch(query, segments, mask=mask),
+                               _materialized(query, segments, None, mask), atol=ATOL, rtol=RTOL)
 
 
 def test_png_needs_the_reference_and_the_public_op_picks_it(random_kv):
     segments = _segments(TIERS["png"].key, TIERS["png"].value, 64, 1, 2, 2, 0, 3, random_kv)
     query = random_kv((1, 4, 1, 64), seed=10)
-    assert not decode_attention_supported(segments)
+    assert not decode_attention_supported(segments) and not decode_attention_torch_supported(segments)
     torch.testing.assert_close(ops.decode_attention(query, segments), _materialized(query, segments, None),
                                atol=ATOL, rtol=RTOL)
