@@ -93,17 +93,37 @@ class CodecCache(Cache):
         """
         flush_layers([layer for layer in self.layers if isinstance(layer, CodecLayer)])
 
+    def set_left_padding(self, attention_mask: torch.Tensor) -> None:
+        """Tell the codec layers which leading positions of each row are padding ((B, T) mask, 0 = pad).
+
+        Call it on an empty cache before a left-padded batch: the codecs then fit their scales to the
+        real tokens only (CodecLayer._unpadded), so a padded row is coded like the same text alone.
+        """
+        pads = (attention_mask.cumsum(dim=-1) == 0).sum(dim=-1)
+        for layer in self.layers:
+            if isinstance(layer, CodecLayer):
+                layer.set_left_padding(pads)
+
     def footprint(self) -> Footprint:
         """Archive, resident and bf16-reference bytes, per layer and in total."""
         return footprint(self)
 
 
-def make_cache(config, tier: Tier | str, materialization_free: bool = False, **overrides) -> Cache:
-    """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache."""
+def make_cache(
+    config, tier: Tier | str, materialization_free: bool = False, attention_mask: torch.Tensor | None = None,
+    **overrides,
+) -> Cache:
+    """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache.
+
+    attention_mask: the (B, T) mask of a left-padded batch, so that codecs ignore the pad tokens.
+    """
     tier = as_tier(tier)
     if tier.is_native:
         return DynamicCache(config=config)
-    return CodecCache.from_config(config, tier, materialization_free, **overrides)
+    cache = CodecCache.from_config(config, tier, materialization_free, **overrides)
+    if attention_mask is not None:
+        cache.set_left_padding(attention_mask)
+    return cache
 
 
 def footprint(cache: Cache) -> Footprint:

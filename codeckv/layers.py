@@ -21,6 +21,7 @@ codec's row layout allows, the codec's own torch code elsewhere. Buffers are inf
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -34,6 +35,7 @@ from codeckv.tiers import Tier
 from kernels.ops import Coded, Raw, Segment, decode, decode_attention
 
 MIN_ARCHIVE_TOKENS = 8
+VIEW_GROWTH_TOKENS = 256  # the decoded view grows by at least this many tokens (25% beyond a long prompt)
 TAG = "codeckv_layer"  # attribute of the meta tensors a CodedLayer returns (codeckv.attention reads it)
 
 
@@ -91,6 +93,18 @@ class CodecLayer(DynamicLayer):
             raise ValueError("adopt(): the layer already holds tokens")
         self.update(key_states, value_states)
 
+    def set_left_padding(self, pads: torch.Tensor) -> None:
+        """Keep every row's sinks raw in a left-padded batch ((B,) pad tokens per row), before any token is held.
+
+        The sinks become the first keep_first + max(pads) positions: every pad token stays raw (a codec
+        that shares scales across tokens never fits them to pad states) and so does every row's first
+        keep_first real tokens. The most padded row is then archived exactly as its text alone would be.
+        """
+        if self.length:
+            raise ValueError("set_left_padding(): the layer already holds tokens")
+        self.tier = dataclasses.replace(self.tier, keep_first=self.tier.keep_first + int(pads.max()))
+        self._reset_state()
+
     needs_decoded = True  # flush_layers hands _archived the decoded tokens (they replace the raw ones in the view)
 
     def _span(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,7 +142,7 @@ class CodecLayer(DynamicLayer):
         capacity = 0 if self._view_k is None else self._view_k.shape[2]
         if needed <= capacity:
             return
-        capacity = max(needed, 2 * capacity, 64)
+        capacity = max(needed, capacity + max(capacity // 4, VIEW_GROWTH_TOKENS))  # +25%: a long prompt wastes little
         b, h, _, d = like.shape
         grown_k = like.new_empty((b, h, capacity, d))
         grown_v = like.new_empty((b, h, capacity, self._head_dim_v(like)))

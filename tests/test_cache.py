@@ -247,3 +247,33 @@ def test_a_long_span_is_archived_in_runs_with_the_same_bytes(monkeypatch):
     runs.flush()
     assert runs.archive_k.tokens == whole.archive_k.tokens == 192
     assert all(torch.equal(t, _held(runs)[name]) for name, t in _held(whole).items())
+
+
+def _generate_logprobs(loaded, texts: list[str], tier: str, materialization_free: bool, tell_padding: bool):
+    """Greedy 10 tokens for a left-padded batch of texts: (batch, steps, vocab) log-probs."""
+    tokenizer = loaded.tokenizer
+    tokenizer.padding_side = "left"
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    mask = batch.attention_mask if tell_padding else None
+    cache = make_cache(loaded.model.config, tier, materialization_free, attention_mask=mask)
+    out = loaded.model.generate(
+        **batch, cache=cache, max_new_tokens=10, do_sample=False, output_logits=True,
+        return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
+    )
+    return torch.stack(out.logits, dim=1).log_softmax(-1)
+
+
+@pytest.mark.parametrize("tier, materialization_free", [("turbo-k4v2", False), ("jpeg-k8-int8", True)])
+def test_a_left_padded_row_is_coded_like_its_text_alone(loaded, tier, materialization_free):
+    """With the batch's attention mask, pad tokens stay raw sinks and the padded row's sinks stay raw too."""
+    from codeckv.measure.corpus import corpus_text
+    from codeckv.measure.lockstep import kl_divergence
+
+    ids = loaded.tokenizer(corpus_text()[:4000], return_tensors="pt").input_ids[0]
+    long_text, short_text = loaded.tokenizer.decode(ids[:120]), loaded.tokenizer.decode(ids[7:60])
+    alone = _generate_logprobs(loaded, [short_text], tier, materialization_free, True)[0]
+    padded = _generate_logprobs(loaded, [long_text, short_text], tier, materialization_free, True)[1]
+    assert float(kl_divergence(alone, padded).mean()) < 1e-3
+    if not materialization_free:  # without the mask the pads share key scales with real tokens, sinks get coded
+        unaware = _generate_logprobs(loaded, [long_text, short_text], tier, materialization_free, False)[1]
+        assert float(kl_divergence(alone, unaware).mean()) > 1e-3
