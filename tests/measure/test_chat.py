@@ -2,8 +2,15 @@
 same conversation, a stop keeps what was generated, and a hybrid model's sliding layers are refilled when a
 rewind cannot crop them."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
+from codeckv.limits import Limits
 from codeckv.measure.chat import ChatSession, common_prefix
 from codeckv.measure.side_by_side import Run, stream_turn
 from codeckv.models import LoadedModel, _describe
@@ -60,3 +67,15 @@ def test_hybrid_sliding_layers_are_refilled_when_the_codec_cache_rewinds(tiny_ge
     result = last.result
     assert result.kld == 0.0 and result.top1_pct == 100.0 and result.token_match == 1.0, "png on a hybrid is exact"
     assert runs[1].held == runs[0].held == 40 + 7
+
+
+def test_the_largest_allowed_chat_turn_stays_within_its_memory_bound():
+    """A prompt at the app's token limit, png (the largest codec view), in a fresh process: peak RSS growth
+    stays under 2.5 GiB (measured ~1.9 GiB: two fp32 caches and their views of 8k tokens, one prefill chunk)."""
+    script = Path(__file__).with_name("max_request.py")
+    env = {**os.environ, "PYTHONPATH": str(script.parents[2])}
+    done = subprocess.run([sys.executable, str(script), "png", "8"], capture_output=True, text=True, env=env,
+                          timeout=600, check=True)
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert measured["prompt_tokens"] > Limits().max_prompt_tokens - 300
+    assert measured["peak_growth_mib"] < 2.5 * 1024, measured

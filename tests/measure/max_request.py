@@ -1,0 +1,35 @@
+"""The largest chat turn the app allows, run alone: prints its prompt tokens and peak RSS growth (MiB) as JSON.
+
+Run in a fresh process by test_chat.py (peak RSS is per process): python tests/measure/max_request.py TIER NEW
+(NEW new tokens: memory is set by the prompt, each new token adds one token to four caches).
+"""
+
+import json
+import resource
+import sys
+
+from codeckv.limits import Limits, release_memory
+from codeckv.measure.chat import ChatSession
+from codeckv.measure.corpus import corpus_text
+from codeckv.models import load_model
+
+
+def main(tier: str, new_tokens: int) -> None:
+    limits = Limits.from_env()
+    loaded = load_model()
+    release_memory()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    question = "\n\nSummarize this."
+    room = limits.max_prompt_tokens - 64  # the chat template's tokens around the message
+    ids = loaded.tokenizer(corpus_text()).input_ids[:room]
+    update = None
+    for update in ChatSession().ask(loaded, loaded.tokenizer.decode(ids) + question, tier,
+                                    new_tokens, max_prompt_tokens=limits.max_prompt_tokens):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"prompt_tokens": update.result.native.prompt_tokens,
+                      "new_tokens": len(update.result.native.token_ids), "peak_growth_mib": peak - before}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
