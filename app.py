@@ -8,6 +8,9 @@ on one chat prompt), Needle (pass-key retrieval over lengths and depths).
 
 from __future__ import annotations
 
+from codeckv.zerogpu import gpu  # first: on ZeroGPU `spaces` patches torch before anything touches CUDA
+
+# isort: split
 import atexit
 import functools
 import inspect as pyinspect
@@ -50,12 +53,15 @@ from codeckv.models import DEFAULT_MODEL, ModelUnavailableError
 from codeckv.plots import needle_figure, pareto_figure
 from codeckv.pool import POOL
 from codeckv.service import (
+    INSPECT_GPU_SECONDS,
+    LONG_GPU_SECONDS,
     LONG_TEXT,
     METRICS,
     NEEDLE_DEPTHS,
     NEEDLE_LENGTHS,
     ONE_PROMPT,
     SOURCES,
+    chat_gpu_seconds,
     chat_panels,
     needle_cells,
     needle_request,
@@ -106,6 +112,7 @@ def guarded(handler):
     return call
 
 
+@gpu(duration=chat_gpu_seconds)
 @guarded
 def chat_turn(message, document, upload, model_name, tier_name, max_new_tokens, materialization_free, *rest):
     """Stream one turn in both panels; both caches see the same conversation (the native replies)."""
@@ -158,6 +165,7 @@ def clear_chat(session):
     return [], [], "", "", session
 
 
+@gpu(duration=INSPECT_GPU_SECONDS)
 @guarded
 def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
     """Heatmaps of one (layer, head), DCT spectra, per-layer errors and smoothness for a tier."""
@@ -210,6 +218,7 @@ def request_stop(flag):
         flag.request()
 
 
+@gpu(duration=LONG_GPU_SECONDS)
 @guarded
 def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens, model_name, tiers, metric, stop=None,
               progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
@@ -249,6 +258,7 @@ def kld_for(result, tier):
     return token_kld_figure(result, tier) if tier in names and tier != "native" else None
 
 
+@gpu(duration=LONG_GPU_SECONDS)
 @guarded
 def run_needle(lengths, depths, tiers, model_name, stop=None, progress=gr.Progress()):  # noqa: B008
     """Pass-key retrieval of native and every chosen tier over prompt lengths and key depths."""

@@ -1,4 +1,7 @@
-"""Command line: python -m codeckv quality|sweep|needle|inspect|memory|prefill|latency ... (tables on stdout, CSV/JSON/HTML files)."""
+"""Command line: python -m codeckv quality|sweep|needle|inspect|memory|prefill|latency ...
+
+Tables on stdout; CSV, JSON and HTML files.
+"""
 
 from __future__ import annotations
 

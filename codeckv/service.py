@@ -27,6 +27,7 @@ from codeckv.measure.quality import as_dicts as quality_dicts
 from codeckv.measure.sweep import Sweep, sweep
 from codeckv.measure.sweep import as_dicts as sweep_dicts
 from codeckv.models import LoadedModel
+from codeckv.zerogpu import MAX_SECONDS, estimate_seconds
 
 LONG_TEXT = "long text: KL divergence, top-1, ΔNLL with their spread over windows"
 ONE_PROMPT = "one chat prompt: latency, token match, first divergence (a single sample)"
@@ -88,6 +89,21 @@ def sweep_request(loaded: LoadedModel, mode, source, pasted, upload, windows, le
     result = measure_quality(loaded, tiers, windows, length, "corpus" if text else kind, text, report)
     about = {"mode": "long text", "source": kind, "windows": windows, "tokens_per_window": length}
     return SweepOutcome(result, quality_table(result.rows), quality_figures(result), quality_dicts(result.rows), about)
+
+
+def chat_gpu_seconds(message, document, upload, model_name, tier_name, max_new_tokens, *rest) -> int:
+    """The ZeroGPU slot a chat turn asks for (codeckv.zerogpu): prompt chunks at the prompt limit plus three
+    forwards per new token (native, codec, the teacher-forced native reply); garbage asks for the most."""
+    limits = Limits.from_env()
+    try:
+        new_tokens = whole(max_new_tokens, "max new tokens", 1, limits.max_new_tokens)
+    except ValueError:
+        new_tokens = limits.max_new_tokens  # the handler refuses it; the slot just must not be too short
+    return estimate_seconds(forwards=limits.max_prompt_tokens // 512 + 3 * new_tokens)
+
+
+INSPECT_GPU_SECONDS = estimate_seconds(forwards=2 * Limits().max_inspect_tokens // 512)  # two prefills
+LONG_GPU_SECONDS = MAX_SECONDS  # a sweep or a needle grid asks for the longest slot a visitor may hold
 
 
 def needle_cells(lengths, depths, limits: Limits | None = None) -> tuple[list[int], list[float]]:

@@ -92,3 +92,33 @@ def test_invalid_durations_are_refused(bad):
 
     with pytest.raises(ValueError, match="duration"):
         gpu(duration=bad)
+
+
+def test_a_chat_turn_asks_for_a_slot_sized_by_its_new_tokens():
+    from codeckv.service import chat_gpu_seconds
+    from codeckv.zerogpu import MAX_SECONDS, MIN_SECONDS
+
+    short = chat_gpu_seconds("hi", None, None, "m", "turbo-4", 8)
+    long = chat_gpu_seconds("hi", None, None, "m", "turbo-4", 256)
+    assert MIN_SECONDS <= short < long <= MAX_SECONDS
+    assert chat_gpu_seconds("hi", None, None, "m", "t", "10**9") == chat_gpu_seconds("hi", None, None, "m", "t", 256)
+
+
+def test_the_app_handlers_go_through_spaces_gpu(zerogpu_with, monkeypatch):
+    """With `spaces` importable, app.py's model-running handlers each ask spaces.GPU for a slot first."""
+    import gradio as gr
+
+    calls: list = []
+    zerogpu_with(_fake_spaces(calls))
+    monkeypatch.delitem(sys.modules, "app", raising=False)
+    app = importlib.import_module("app")
+    with pytest.raises(gr.Error, match="empty"):
+        list(app.chat_turn("", None, None, "smollm2-135m", "turbo-4", 8, False, None))
+    for handler, args in [(app.inspect_kv, ("", "smollm2-135m", "turbo-4")),
+                          (app.run_needle, ([], [], [], "smollm2-135m"))]:
+        with pytest.raises(gr.Error):
+            result = handler(*args)
+            list(result) if hasattr(result, "__next__") else None
+    assert calls[0] == app.chat_gpu_seconds("", None, None, "m", "t", 8)
+    assert calls[1:] == [app.INSPECT_GPU_SECONDS, app.LONG_GPU_SECONDS]
+    monkeypatch.delitem(sys.modules, "app")  # the next import builds the app without the fake

@@ -7,6 +7,7 @@ Run in a fresh process by test_chat.py (peak RSS is per process): python tests/m
 import json
 import resource
 import sys
+from collections import deque
 
 from codeckv.limits import Limits, release_memory
 from codeckv.measure.chat import ChatSession
@@ -22,10 +23,9 @@ def main(tier: str, new_tokens: int) -> None:
     question = "\n\nSummarize this."
     room = limits.max_prompt_tokens - 64  # the chat template's tokens around the message
     ids = loaded.tokenizer(corpus_text()).input_ids[:room]
-    update = None
-    for update in ChatSession().ask(loaded, loaded.tokenizer.decode(ids) + question, tier,
-                                    new_tokens, max_prompt_tokens=limits.max_prompt_tokens):
-        pass
+    turn = ChatSession().ask(loaded, loaded.tokenizer.decode(ids) + question, tier, new_tokens,
+                             max_prompt_tokens=limits.max_prompt_tokens)
+    update = deque(turn, maxlen=1)[0]  # the last update holds the results
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"prompt_tokens": update.result.native.prompt_tokens,
                       "new_tokens": len(update.result.native.token_ids), "peak_growth_mib": peak - before}))
