@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from codeckv.cache import CodecCache, make_cache
+from codeckv.calibration import calibration_for
 from codeckv.measure.corpus import corpus_windows
 from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier
@@ -70,12 +71,12 @@ def prefill_table(
         return cache
 
     def through(ids: torch.Tensor, tier: Tier) -> None:
-        cache = make_cache(config, tier)
+        cache = make_cache(loaded, tier)
         model(ids, cache=cache)
         cache.flush()
 
     def converted(ids: torch.Tensor, tier: Tier) -> CodecCache:
-        return CodecCache.from_cache(native(ids), tier)
+        return CodecCache.from_cache(native(ids), tier, calibration=calibration_for(loaded, tier))
 
     rows = []
     for length in lengths:
