@@ -26,9 +26,9 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
+from codeckv.calibration import Calibration, calibration_for
 from codeckv.flush import flush_layers
 from codeckv.footprint import Footprint, LayerFootprint
-from codeckv.calibration import Calibration, calibration_for
 from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer

@@ -1,6 +1,6 @@
 """Calibration of the PCA tiers: per-layer bases, the quantizer step and the entropy tables, cached on disk.
 
-    calibration = calibration_for(loaded, "pca-8x")          # loads $CODECKV_CACHE/calibration/..., or computes and saves it
+    calibration = calibration_for(loaded, "pca-8x")     # read from $CODECKV_CACHE/calibration, or computed and saved
     cache = make_cache(loaded, "pca-8x")                # (codeckv/cache.py calls calibration_for itself)
     calibration = calibrate(model, ids, JointPCA(1.5))  # the computation alone, on any (N, S) token ids
 
@@ -178,7 +178,9 @@ def _capture(model, ids: torch.Tensor, rope: Rope) -> tuple[dict[int, torch.Tens
                       for i, (kind, kw) in enumerate(zip(kinds, kwargs))]
             embeds = embed(batch).detach().requires_grad_()
             logits = model(inputs_embeds=embeds, cache=Cache(layers=layers), use_cache=True).logits[:, :-1]
-            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="sum")
+            loss = torch.nn.functional.cross_entropy(
+                logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="sum"
+            )
             states = [t for i in rows for t in layers[i].captured]
             found = torch.autograd.grad(loss, states)
             for j, index in enumerate(rows):
@@ -205,7 +207,7 @@ def _eigh(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _whitened_pca(x: torch.Tensor, g: torch.Tensor):
-    """(N, d) vectors and loss gradients -> mean (d,), enc (d, d), dec (d, d), y (N, d) float32 (module docstring, 2)."""
+    """(N, d) vectors and their loss gradients -> mean (d,), enc (d, d), dec (d, d), y (N, d) (module docstring, 2)."""
     mean = x.double().mean(0)
     centred = x - mean.float()
     cov = (centred.T @ centred / x.shape[0]).double()

@@ -44,7 +44,7 @@ class PCALayer(CodecLayer):
 
     @torch.inference_mode()
     def flush(self) -> None:
-        """Encode every complete chunk that is neither a sink nor in the recent window; decode the stored bytes into the view."""
+        """Encode each complete chunk outside the sinks and the recent window; decode the stored bytes into the view."""
         count = self._archivable()
         if count <= 0:
             return
@@ -76,4 +76,5 @@ class PCALayer(CodecLayer):
                          "(allowed: greedy or sampled generation)")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise ValueError(f"tier '{self.tier.name}' does not support repeating batch rows (allowed: num_return_sequences=1)")
+        raise ValueError(f"tier '{self.tier.name}' does not support repeating batch rows "
+                         "(allowed: num_return_sequences=1)")

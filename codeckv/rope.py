@@ -29,7 +29,7 @@ class Rope:
 
     @classmethod
     def from_config(cls, config) -> Rope:
-        """The RoPE of the full-attention layers of a transformers text config (hybrid configs nest them by layer type)."""
+        """The RoPE of a transformers config's full-attention layers (hybrid configs nest it by layer type)."""
         config = config.get_text_config(decoder=True)
         params = getattr(config, "rope_parameters", None) or {}
         params = params.get("full_attention", params)

@@ -57,9 +57,9 @@ class Tier:
             if codec is not None and not isinstance(codec, Codec):
                 raise ValueError(f"Tier {self.name!r}: {side}={codec!r} is not a codec (allowed: None or a codec)")
         if self.joint is not None and not isinstance(self.joint, JointPCA):
-            raise ValueError(f"Tier {self.name!r}: joint={self.joint!r} is not a JointPCA (allowed: None or a JointPCA)")
+            raise ValueError(f"Tier {self.name!r}: joint={self.joint!r} is not a JointPCA (allowed: None, a JointPCA)")
         if self.joint is not None and (self.key is not None or self.value is not None):
-            raise ValueError(f"Tier {self.name!r}: a joint coder codes keys and values itself (allowed: key=value=None)")
+            raise ValueError(f"Tier {self.name!r}: a joint coder codes keys and values itself (allowed: no key/value)")
         _check_count(self.keep_first, f"Tier {self.name!r}: keep_first")
         _check_count(self.keep_recent, f"Tier {self.name!r}: keep_recent")
         if not self.max_rel_error >= 0:

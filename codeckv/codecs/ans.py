@@ -26,7 +26,7 @@ _ESCAPED = constriction.stream.model.Uniform(ESCAPE_RANGE)
 
 @dataclass
 class EntropyTable:
-    """One categorical model per column: probs (r, n) float32, offset (r,) = M_i (symbol = q + M_i, escape 2 M_i + 1)."""
+    """One categorical model per column: probs (r, n), offset (r,) = M_i (symbol q + M_i, escape 2 M_i + 1)."""
 
     probs: torch.Tensor  # (r, n) float32, rows sum to 1, zero past each row's escape symbol
     offset: torch.Tensor  # (r,) int64

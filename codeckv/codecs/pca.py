@@ -50,8 +50,9 @@ class JointPCA:
             raise ValueError(f"JointPCA: bits_per_element={self.bits_per_element!r} (allowed: 0 < bits <= 16)")
         for name in ("sink_tokens", "calibration_windows", "calibration_length"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "sink_tokens" else 1):
-                raise ValueError(f"JointPCA: {name}={value!r} must be a {'non-negative' if name == 'sink_tokens' else 'positive'} integer")
+            least = 0 if name == "sink_tokens" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"JointPCA: {name}={value!r} must be an integer >= {least}")
 
 
 def ecsq(y: torch.Tensor, step: float) -> torch.Tensor:
@@ -122,7 +123,7 @@ class LayerCoder:
     def decode(self, chunks: list[Chunk], start: int, unit: int, batch: int, dtype: torch.dtype):
         """Inverse of encode: chunks of unit tokens from position start -> keys, values (B, H, S, D) in dtype."""
         codes = []
-        for i, chunk in enumerate(chunks):
+        for chunk in chunks:
             rows = unit - (chunk.sink[0].shape[2] if chunk.sink else 0)
             codes.append(self.table.decode(chunk.stream, batch * rows).view(batch, rows, self.kept))
         y = torch.cat(codes, dim=1).float() * self.step  # (B, S - sinks, r)
