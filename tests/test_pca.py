@@ -203,3 +203,25 @@ def test_calibration_text_is_apart_from_the_quality_windows(loaded):
     calib = calibration.calibration_windows(loaded.tokenizer, 8, 512)
     assert torch.equal(calib.reshape(-1), ids[-8 * 512 :])
     assert text_windows(loaded.tokenizer, corpus_text(), 64, 513).numel() < ids.numel() - calib.numel()
+
+
+def test_inspect_reconstructs_through_the_pca_layer_and_draws_the_channel_spectrum(tiny_model):
+    from codeckv.measure.inspect import KVCapture, inspect_capture
+    from codeckv.plots import channel_spectrum_figure
+
+    model, calib = tiny_model
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(torch.randint(0, 128, (1, 48), generator=torch.Generator().manual_seed(4)), cache=cache)
+    kinds = ["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"]
+    capture = KVCapture([0] * 48, ["t"] * 48, kinds, [layer.keys[0] for layer in cache.layers],
+                        [layer.values[0] for layer in cache.layers])
+    view = inspect_capture(capture, "pca-8x", layer=2, calibration=calib)
+    assert view.head.archived == (0, 48) and 0 < view.layers[2].key_rel_error < 1
+    assert view.layers[0].key_rel_error == 0, "sliding layers stay native"
+    share = view.channels.key_share
+    assert share.shape == (6, 64) and torch.all(share[:, 1:] >= share[:, :-1] - 1e-6)
+    assert abs(float(share[2, -1]) - 1) < 1e-4 and sorted(view.channels.bits) == [2, 5]
+    assert len(channel_spectrum_figure(view.channels).data) == 6 + 6 + 2
+    with pytest.raises(ValueError, match="needs the model's calibration"):
+        inspect_capture(capture, "pca-8x", layer=2)
