@@ -23,9 +23,7 @@ from codeckv.tiers import Tier
 
 
 class PCALayer(CodecLayer):
-    """One full-attention layer of a PCA tier (module docstring)."""
-
-    needs_decoded = True
+    """One full-attention layer of a PCA tier (module docstring); flush_layers hands it its own flush."""
 
     def __init__(self, tier: Tier, coder: LayerCoder) -> None:
         DynamicLayer.__init__(self)
