@@ -168,7 +168,7 @@ def clear_chat(session):
 @gpu(duration=INSPECT_GPU_SECONDS)
 @guarded
 def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
-    """Heatmaps of one (layer, head), DCT spectra, per-layer errors and smoothness for a tier."""
+    """Heatmaps of one (layer, head), DCT and channel spectra, per-layer errors and smoothness for a tier."""
     *advanced, layer, head, which = advanced_and_view
     limits = Limits.from_env()
     prompt = user_text(prompt, "the text")
@@ -192,7 +192,8 @@ def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
     )
     figures = inspect_figures(view)
     heatmap = figures["heatmap_key" if which == "K" else "heatmap_value"]
-    return heatmap, figures["spectrum"], figures["layer_errors"], figures["var_ratio"], summary
+    return (heatmap, figures["spectrum"], figures["channel_spectrum"], figures["layer_errors"], figures["var_ratio"],
+            summary)
 
 
 def report_folder() -> Path:
@@ -371,7 +372,9 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             inspect_button = gr.Button("Inspect", variant="primary")
         inspect_summary = gr.Markdown()
         heatmap = gr.Plot(label="original / reconstructed / |error|")
-        spectrum = gr.Plot(label="DCT spectrum")
+        with gr.Row():
+            spectrum = gr.Plot(label="DCT spectrum (along the sequence)")
+            channel_spectrum = gr.Plot(label="channel spectrum (across heads and channels)")
         with gr.Row():
             layer_errors = gr.Plot(label="per-layer error")
             var_ratio = gr.Plot(label="Var(Δ)/Var(X)")
@@ -436,7 +439,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     for panel in (native_chat, codec_chat):  # clearing one panel clears the conversation: both stay in step
         panel.clear(clear_chat, session, cleared, cancels=turns, api_name=False)
     inspect_inputs = [inspect_prompt, model_name, inspect_tier_name, *inspect_advanced, layer, head, which]
-    inspect_outputs = [heatmap, spectrum, layer_errors, var_ratio, inspect_summary]
+    inspect_outputs = [heatmap, spectrum, channel_spectrum, layer_errors, var_ratio, inspect_summary]
     inspect_button.click(inspect_kv, inspect_inputs, inspect_outputs, api_name="inspect")
     for slider in (layer, head):
         slider.release(inspect_kv, inspect_inputs, inspect_outputs, api_name=False)

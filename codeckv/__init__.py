@@ -5,6 +5,7 @@
     cache = make_cache(loaded.model.config, "turbo-4")      # a CodecCache (a DynamicCache for "native")
     loaded.model.generate(input_ids, cache=cache, max_new_tokens=64)
     print(cache.footprint().ratio)                          # archive bytes / bf16 cache bytes
+    cache = make_cache(loaded, "pca-8x")                    # PCA tiers: calibrated once per model, cached on disk
 
 The names below are imported on first use (PEP 562), so that `kernels`, which reads the codecs'
 row layouts from `codeckv.codecs.layout`, can be imported without importing the cache that uses it.
@@ -13,6 +14,9 @@ row layouts from `codeckv.codecs.layout`, can be imported without importing the 
 import importlib
 
 _HOMES = {
+    "Calibration": "codeckv.calibration",
+    "calibrate": "codeckv.calibration",
+    "calibration_for": "codeckv.calibration",
     "CodecCache": "codeckv.cache",
     "footprint": "codeckv.cache",
     "make_cache": "codeckv.cache",

@@ -29,14 +29,23 @@ def _bar(desc: str, unit: str = "fwd"):
     return bar, progress
 
 
+def _bits_list(text: str) -> list[float]:
+    """'1,1.5,2' -> [1.0, 1.5, 2.0] (argparse type of --pca-bits)."""
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 1,1.5,2)") from None
+
+
 def _quality(args: argparse.Namespace) -> None:
     from codeckv.figures import quality_figures
     from codeckv.measure.quality import as_dicts, measure_quality
     from codeckv.measure.table import format_table, write_csv
     from codeckv.models import load_model
-    from codeckv.tiers import TIERS, get_tier
+    from codeckv.tiers import TIERS, get_tier, pca_tier
 
     tiers = [get_tier(name) for name in args.tiers or list(TIERS)]  # unknown names fail before loading
+    tiers += [pca_tier(bits) for bits in args.pca_bits]
     text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
     loaded = load_model(args.model)
     bar, progress = _bar("quality")
@@ -258,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     quality.add_argument("--source", default="corpus", choices=["corpus", "docstrings"],
                          help="corpus: the Python reference topics (default); docstrings: the held-out text")
     quality.add_argument("--text-file", help="measure on this UTF-8 text file instead")
+    quality.add_argument("--pca-bits", type=_bits_list, default=[], metavar="B,B,...",
+                         help="also PCA tiers at these bits per element (rows pca-<B>b: the PCA frontier)")
     quality.add_argument("--out", help="CSV path (default assets/quality-<model>[-<source>].csv)")
     quality.add_argument("--charts", help="folder for the HTML charts (default out/quality-<model>[-<source>])")
     quality.set_defaults(run=_quality)

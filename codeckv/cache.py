@@ -3,9 +3,11 @@
     cache = make_cache(model.config, "turbo-4")                  # DynamicCache for "native"
     model.generate(input_ids, cache=cache, max_new_tokens=64)
     cache.footprint()                                            # archive / resident / bf16-reference bytes
+    cache = make_cache(loaded, "pca-8x")                         # a LoadedModel: PCA tiers get their calibration
 
 One codec layer (codeckv/layers.py) per full-attention layer; sliding-window, linear-attention and
-other layers keep their native transformers layer (hybrid models such as Gemma 3). With
+other layers keep their native transformers layer (hybrid models such as Gemma 3). A PCA tier's layers
+(codeckv/pca_layer.py) each take their layer's coder from a Calibration (codeckv/calibration.py). With
 `materialization_free=True` the codec layers keep no decoded view and attention reads the stored
 codes (codeckv.attention; models from `codeckv.load_model` are already routed there).
 """
@@ -24,9 +26,12 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
+from codeckv.calibration import Calibration, calibration_for
 from codeckv.flush import flush_layers
 from codeckv.footprint import Footprint, LayerFootprint
 from codeckv.layers import CodecLayer, CodedLayer
+from codeckv.models import LoadedModel
+from codeckv.pca_layer import PCALayer
 from codeckv.tiers import Tier, as_tier
 
 
@@ -38,26 +43,29 @@ class CodecCache(Cache):
         self.tier = tier
 
     @classmethod
-    def from_config(cls, config, tier: Tier | str, materialization_free: bool = False, **overrides) -> CodecCache:
+    def from_config(
+        cls, config, tier: Tier | str, materialization_free: bool = False, calibration: Calibration | None = None,
+        **overrides,
+    ) -> CodecCache:
         """Build the cache for a model config; `overrides` replace tier fields (e.g. keep_recent=32).
 
         materialization_free: CodedLayer (attention on the stored codes, no decoded view) instead of CodecLayer.
+        calibration: the model's Calibration for a PCA tier (codeckv.calibration.calibration_for), required there.
         """
-        tier = as_tier(tier)
-        if overrides:
-            tier = dataclasses.replace(tier, **overrides)
+        tier = _tier(tier, overrides)
         layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-        codec_layer = CodedLayer if materialization_free else CodecLayer
+        new_layer = _codec_layer(tier, materialization_free, calibration, layer_types)
         layers = [
-            codec_layer(tier) if kind == "full_attention" and not tier.is_native
+            new_layer(index) if kind == "full_attention" and not tier.is_native
             else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs)
-            for kind, kwargs in zip(layer_types, layer_kwargs)
+            for index, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs))
         ]
         return cls(layers, tier)
 
     @classmethod
     def from_cache(
-        cls, cache: Cache, tier: Tier | str, materialization_free: bool = False, **overrides
+        cls, cache: Cache, tier: Tier | str, materialization_free: bool = False,
+        calibration: Calibration | None = None, **overrides,
     ) -> CodecCache:
         """Convert a native cache (e.g. a DynamicCache right after a prefill) into a codec cache, in one go.
 
@@ -67,18 +75,17 @@ class CodecCache(Cache):
         ...) are deep-copied, so `cache` is left as it was and stays usable.
         The fast path for a long prompt: prefill natively (SDPA on the raw tokens), convert once.
         """
-        tier = as_tier(tier)
-        if overrides:
-            tier = dataclasses.replace(tier, **overrides)
+        tier = _tier(tier, overrides)
         if tier.is_native:
             raise ValueError(f"tier '{tier.name}' is native: keep the cache itself (allowed: a tier that encodes)")
-        codec_layer = CodedLayer if materialization_free else CodecLayer
+        full = ["full_attention" if type(layer) is DynamicLayer else "other" for layer in cache.layers]
+        new_layer = _codec_layer(tier, materialization_free, calibration, full)
         layers = []
-        for layer in cache.layers:
+        for index, layer in enumerate(cache.layers):
             if type(layer) is not DynamicLayer:
                 layers.append(copy.deepcopy(layer))
                 continue
-            converted = codec_layer(tier)
+            converted = new_layer(index)
             if layer.is_initialized and layer.keys is not None and layer.keys.numel():
                 converted.adopt(layer.keys, layer.values)
             layers.append(converted)
@@ -109,18 +116,46 @@ class CodecCache(Cache):
         return footprint(self)
 
 
-def make_cache(
-    config, tier: Tier | str, materialization_free: bool = False, attention_mask: torch.Tensor | None = None,
-    **overrides,
-) -> Cache:
+def _tier(tier: Tier | str, overrides: dict) -> Tier:
+    """as_tier(tier) with `overrides` replacing its fields."""
+    tier = as_tier(tier)
+    return dataclasses.replace(tier, **overrides) if overrides else tier
+
+
+def _codec_layer(tier: Tier, materialization_free: bool, calibration: Calibration | None, layer_types: list[str]):
+    """A function: layer index -> a new codec layer of `tier`, after checking that the tier can be built."""
+    if tier.joint is None:
+        codec_layer = CodedLayer if materialization_free else CodecLayer
+        return lambda index: codec_layer(tier)
+    if materialization_free:
+        raise ValueError(f"tier '{tier.name}' codes keys and values jointly with entropy-coded chunks, which no "
+                         "kernel reads: materialization_free=True is not supported (allowed: False)")
+    if calibration is None:
+        raise ValueError(f"tier '{tier.name}' needs the model's calibration: make_cache(loaded, '{tier.name}') with a "
+                         "LoadedModel, or calibration=codeckv.calibration.calibration_for(loaded, tier)")
+    missing = [i for i, kind in enumerate(layer_types) if kind == "full_attention" and i not in calibration.coders]
+    if missing:
+        raise ValueError(f"the calibration of '{calibration.model}' has no coder for full-attention layers {missing} "
+                         f"of this model (allowed: the model it was calibrated on)")
+    return lambda index: PCALayer(tier, calibration.coders[index])
+
+
+def make_cache(source, tier: Tier | str, materialization_free: bool = False,
+               calibration: Calibration | None = None, attention_mask: torch.Tensor | None = None,
+               **overrides) -> Cache:
     """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache.
 
-    attention_mask: the (B, T) mask of a left-padded batch, so that codecs ignore the pad tokens.
+    source: a model config, or a LoadedModel (codeckv.load_model), from which a PCA tier's calibration is
+    loaded or computed when none is given (codeckv.calibration.calibration_for).
+    attention_mask: the (B, T) mask of a left-padded batch, so that codecs leave the pad tokens out.
     """
     tier = as_tier(tier)
+    config = source.model.config if isinstance(source, LoadedModel) else source
     if tier.is_native:
         return DynamicCache(config=config)
-    cache = CodecCache.from_config(config, tier, materialization_free, **overrides)
+    if calibration is None and isinstance(source, LoadedModel):
+        calibration = calibration_for(source, tier)
+    cache = CodecCache.from_config(config, tier, materialization_free, calibration, **overrides)
     if attention_mask is not None:
         cache.set_left_padding(attention_mask)
     return cache
@@ -160,6 +195,9 @@ def steady_state_ratio(tier: Tier | str, head_dim: int, dtype: torch.dtype = tor
     tier = as_tier(tier)
     if tier.is_native:
         return 1.0
+    if tier.joint is not None:
+        raise ValueError(f"tier '{tier.name}' stores entropy-coded, calibrated codes: its ratio depends on the model "
+                         "and the text, read Footprint.steady_state_ratio of a real cache (allowed: a per-tensor tier)")
     layer = CodecLayer(dataclasses.replace(tier, keep_first=0, keep_recent=0))
     x = torch.randn(1, 1, layer.unit, head_dim, generator=torch.Generator().manual_seed(0)).to(dtype)
     layer.update(x, x.clone())

@@ -31,6 +31,9 @@ def flush_layers(layers: list) -> None:
     """
     groups: dict[tuple, list] = {}
     for layer in layers:
+        if layer.tier.joint is not None:  # a PCA layer codes K and V together with its own coder (pca_layer.py)
+            layer.flush()
+            continue
         count = layer._archivable()
         if count > 0:
             k, v = layer._span(count)

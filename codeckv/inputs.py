@@ -19,7 +19,7 @@ import torch
 
 from codeckv.codecs.bitpack import ALLOWED_BITS
 from codeckv.codecs.dct import MAX_BLOCK
-from codeckv.layers import CodecLayer
+from codeckv.layers import MIN_ARCHIVE_TOKENS, CodecLayer
 from codeckv.limits import Limits
 from codeckv.models import ModelInfo
 from codeckv.tiers import TIERS, Tier, custom_tier, get_tier
@@ -111,14 +111,16 @@ def fits_model(tier: Tier, info: ModelInfo) -> Tier:
     """`tier` if its codecs encode this model's heads and its raw windows leave something to archive."""
     if tier.is_native:
         return tier
-    layer = CodecLayer(tier)
-    room = info.max_context - layer.unit
+    unit = MIN_ARCHIVE_TOKENS if tier.joint else CodecLayer(tier).unit
+    room = info.max_context - unit
     if tier.keep_first + tier.keep_recent > room:
         raise ValueError(
             f"keep_first + keep_recent = {tier.keep_first + tier.keep_recent} raw tokens leave nothing to archive "
             f"within {info.name}'s context of {info.max_context} tokens (allowed: at most {room} together)"
         )
-    probe = torch.zeros(1, 1, layer.unit, info.head_dim)
+    if tier.joint:
+        return tier  # a PCA tier is calibrated on the model itself (codeckv/calibration.py)
+    probe = torch.zeros(1, 1, unit, info.head_dim)
     for side, codec in (("keys", tier.key), ("values", tier.value)):
         try:
             codec.encode(probe)

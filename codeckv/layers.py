@@ -216,15 +216,19 @@ class CodecLayer(DynamicLayer):
         b, h, _, d = self._view_k.shape
         return self._footprint(layer, b * h * (d + self._view_v.shape[3]), self._view_k.element_size(), view)
 
+    def _stored(self) -> tuple[int, int, int]:
+        """(tokens archived, bytes stored for them, bytes allocated for them)."""
+        allocated = self.archive_k.allocated_bytes + self.archive_v.allocated_bytes
+        return self.archive_k.tokens, self.archive_k.nbytes + self.archive_v.nbytes, allocated
+
     def _footprint(self, layer: int, values_per_token: int, element_size: int, view_bytes: int) -> LayerFootprint:
         """The layer's LayerFootprint: raw tokens at `element_size`, archive as stored, plus `view_bytes`."""
-        codes = self.archive_k.nbytes + self.archive_v.nbytes
-        archived = self.archive_k.tokens
+        archived, codes, allocated = self._stored()
         sinks = min(self.length, self.tier.keep_first)
         after_archive = max(self.length - self.archived_upto, 0)
         window = min(self.tier.keep_recent, after_archive)
         raw_bytes = (self.length - archived) * values_per_token * element_size
-        resident = self.archive_k.allocated_bytes + self.archive_v.allocated_bytes + view_bytes
+        resident = allocated + view_bytes
         return LayerFootprint(
             layer, "codec", True, self.length,
             archive_bytes=codes + raw_bytes,

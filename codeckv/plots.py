@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from codeckv.measure.inspect import HeadView, LayerError, Spectrum
+from codeckv.measure.inspect import ChannelSpectrum, HeadView, LayerError, Spectrum
 
 FONT = "Inter, Helvetica Neue, Arial, sans-serif"
 NATIVE_COLOR = "#6b7280"  # grey: the native reference everywhere
@@ -238,6 +238,36 @@ def spectrum_figure(spectrum: Spectrum) -> go.Figure:
     fig.update_yaxes(type="log", title_text="share of block energy (log)", row=1, col=1)
     fig.update_xaxes(title_text=f"DCT frequency index (block r = {spectrum.block_size} tokens)", dtick=1)
     return themed(fig, "DCT spectrum along the sequence, per layer (dark = deep)")
+
+
+def channel_spectrum_figure(channels: ChannelSpectrum) -> go.Figure:
+    """Energy in the top-r principal components across heads and channels, one line per layer, K and V;
+    with a PCA tier, a third panel: the bits its calibration spends on each joint K+V component."""
+    panels = 3 if channels.bits else 2
+    keys, values = (sum(c) / len(c) for c in channels.components_for(0.99))
+    titles = [f"keys ({keys:.0f} of {channels.key_share.shape[1]} components hold 99%)",
+              f"values ({values:.0f} of {channels.value_share.shape[1]} hold 99%)", "bits per K+V component (tier)"]
+    fig = make_subplots(rows=1, cols=panels, horizontal_spacing=0.06, subplot_titles=titles[:panels])
+    layers = channels.key_share.shape[0]
+    for col, share in ((1, channels.key_share), (2, channels.value_share)):
+        for layer in range(layers):
+            fig.add_trace(go.Scatter(
+                x=list(range(1, share.shape[1] + 1)), y=share[layer].tolist(), mode="lines", showlegend=False,
+                line=dict(width=1.5, color=_gradient(layer, layers)), name=f"layer {layer}",
+                hovertemplate=f"layer {layer}<br>top %{{x}} components<br>%{{y:.2%}} of energy<extra></extra>",
+            ), row=1, col=col)
+        fig.update_xaxes(type="log", title_text="principal components kept (r, log)", row=1, col=col)
+    for layer, bits in channels.bits.items():
+        fig.add_trace(go.Scatter(
+            x=list(range(1, bits.numel() + 1)), y=bits.tolist(), mode="lines", showlegend=False,
+            line=dict(width=1.5, color=_gradient(layer, layers)), name=f"layer {layer}",
+            hovertemplate=f"layer {layer}<br>component %{{x}}<br>%{{y:.2f}} bits/token<extra></extra>",
+        ), row=1, col=3)
+    if channels.bits:
+        fig.update_xaxes(type="log", title_text="joint K+V component (dropped ones not shown)", row=1, col=3)
+        fig.update_yaxes(title_text="bits per token", row=1, col=3)
+    fig.update_yaxes(title_text="share of energy", range=[0, 1.02], row=1, col=1)
+    return themed(fig, "Channel spectrum: energy in the top principal components, per layer (dark = deep)")
 
 
 def layer_error_figure(layers: Sequence[LayerError]) -> go.Figure:

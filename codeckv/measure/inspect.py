@@ -4,13 +4,18 @@
     view = inspect_capture(capture, "jpeg-k2", layer=3, head=1)
     view.head.key, view.head.key_recon, view.head.key_error     # (S, D) each, for heatmaps
     view.spectrum.key_energy                                    # (L, r) mean DCT energy per frequency
+    view.channels.key_share                                     # (L, H*D) energy in the top-r principal components
     view.layers[3].key_psnr_db, view.layers[3].attention_rel_error
 
-Reconstruction goes through a real `CodecLayer` (cache.py): the prefilled tokens are
-written to it and flushed, so exactly the blocks the cache would archive go through
-encode/decode, and the sinks, the recent window and the incomplete tail stay raw.
-Layers that are not full attention keep their native cache, so their reconstruction
-is the original.
+Reconstruction goes through a real `CodecLayer` (a `PCALayer` with the model's calibration
+for a PCA tier, codeckv/pca_layer.py): the prefilled tokens are written to it and flushed,
+so exactly the blocks the cache would archive go through encode/decode, and the sinks, the
+recent window and the incomplete tail stay raw. Layers that are not full attention keep
+their native cache, so their reconstruction is the original.
+
+The channel spectrum is the other axis: the share of energy the top-r principal components of a
+layer's K (or V), all heads together, capture — where the PCA tiers find their redundancy — and,
+for a PCA tier, the bits its calibration spends on each joint K+V component.
 
 Attention-output error uses a stand-in query: per KV head, the last token's captured
 (post-RoPE) key plays the query, softmax(q Kᵀ / √d) V is computed with the original
@@ -26,10 +31,12 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import DynamicCache
 
+from codeckv.calibration import Calibration, calibration_for
 from codeckv.codecs.dct import DCT, dct_basis
 from codeckv.layers import CodecLayer
 from codeckv.measure.side_by_side import Prompt, prompt_ids
 from codeckv.models import LoadedModel
+from codeckv.pca_layer import PCALayer
 from codeckv.tiers import Tier, as_tier
 
 DEFAULT_BLOCK = 8  # DCT block for the spectrum of a tier without a DCT codec
@@ -82,6 +89,22 @@ class Spectrum:
 
 
 @dataclass
+class ChannelSpectrum:
+    """Per layer, the energy share of the top-r principal components across all heads' channels (r = 1, 2, ...)."""
+
+    key_share: torch.Tensor  # (L, H*D) cumulative share of the (mean-centred) key energy; keys as cached (RoPE in)
+    value_share: torch.Tensor  # (L, H*Dv)
+    bits: dict[int, torch.Tensor]  # PCA tier: layer -> calibrated mean bits per token of each kept K+V component
+
+    def components_for(self, share: float) -> tuple[list[int], list[int]]:
+        """Per layer, the fewest components holding `share` of the energy: (keys, values)."""
+        def count(cumulative: torch.Tensor) -> list[int]:
+            return [int((row < share).sum()) + 1 for row in cumulative]
+
+        return count(self.key_share), count(self.value_share)
+
+
+@dataclass
 class LayerError:
     """What a tier did to one layer's K and V (all heads, all tokens)."""
 
@@ -107,6 +130,7 @@ class Inspection:
     tokens: list[str]
     head: HeadView
     spectrum: Spectrum
+    channels: ChannelSpectrum
     layers: list[LayerError]
 
     def summary(self) -> dict:
@@ -123,6 +147,8 @@ class Inspection:
             "value_energy": self.spectrum.value_energy.tolist(),
             "key_kept": self.spectrum.key_kept.tolist(),
             "value_kept": self.spectrum.value_kept.tolist(),
+            "key_components_for_99pct": self.channels.components_for(0.99)[0],
+            "value_components_for_99pct": self.channels.components_for(0.99)[1],
             "layers": [asdict(e) for e in self.layers],
         }
 
@@ -143,14 +169,20 @@ def capture_kv(loaded: LoadedModel, prompt: Prompt) -> KVCapture:
     )
 
 
-def reconstruct(tier: Tier, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
-    """K, V (H, S, D) through `tier` as the cache stores them -> (K̂, V̂, archived token span [start, end))."""
+def reconstruct(tier: Tier, keys: torch.Tensor, values: torch.Tensor, index: int = 0,
+                calibration: Calibration | None = None) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """K, V (H, S, D) of layer `index` through `tier` as the cache stores them -> (K̂, V̂, archived span [start, end)).
+
+    calibration: the model's Calibration, needed by a PCA tier (its coder is per layer).
+    """
     if tier.is_native:
         return keys.clone(), values.clone(), (0, 0)
-    layer = CodecLayer(tier)
+    if tier.joint is not None and calibration is None:
+        raise ValueError(f"tier '{tier.name}' needs the model's calibration (codeckv.calibration.calibration_for)")
+    layer = CodecLayer(tier) if tier.joint is None else PCALayer(tier, calibration.coders[index])
     layer.update(keys[None], values[None])  # (1, H, S, D) prefill, raw
     layer.flush()  # archive every complete block outside the sinks and the recent window, decode in place
-    span = (tier.keep_first, tier.keep_first + layer.archive_k.tokens)
+    span = (tier.keep_first, tier.keep_first + layer.footprint(index).archived_tokens)
     return layer.keys[0].clone(), layer.values[0].clone(), span
 
 
@@ -186,12 +218,33 @@ def spectrum(capture: KVCapture, tier: Tier, block_size: int | None = None) -> S
     )
 
 
-def layer_errors(capture: KVCapture, tier: Tier) -> list[LayerError]:
+def principal_share(x: torch.Tensor) -> torch.Tensor:
+    """x (H, S, D) -> (H*D,) share of the mean-centred energy in the top-r principal components (r = 1 .. H*D)."""
+    rows = x.float().cpu().transpose(0, 1).reshape(x.shape[1], -1)  # (S, H*D): every head's channels of a token
+    rows = rows - rows.mean(0)
+    energy = torch.linalg.eigvalsh(rows.T.double() @ rows.double()).flip(0).clamp_min(0)  # (H*D,) decreasing
+    return (energy.cumsum(0) / energy.sum().clamp_min(1e-30)).float()
+
+
+def channel_spectrum(capture: KVCapture, calibration: Calibration | None = None) -> ChannelSpectrum:
+    """Principal-component energy shares of every layer's K and V, and a PCA tier's calibrated bits per component."""
+    bits = {} if calibration is None else {i: c.component_bits for i, c in calibration.coders.items()}
+    return ChannelSpectrum(
+        key_share=torch.stack([principal_share(k) for k in capture.keys]),
+        value_share=torch.stack([principal_share(v) for v in capture.values]),
+        bits=bits,
+    )
+
+
+def layer_errors(capture: KVCapture, tier: Tier, calibration: Calibration | None = None) -> list[LayerError]:
     """Relative error, PSNR, cosine, attention-output error and Var(Δ)/Var(X) for every layer."""
     out = []
     for index, (keys, values, kind) in enumerate(zip(capture.keys, capture.values, capture.layer_types)):
         codec = kind == "full_attention" and not tier.is_native
-        keys_hat, values_hat, _ = reconstruct(tier, keys, values) if codec else (keys, values, None)
+        if codec:
+            keys_hat, values_hat, _ = reconstruct(tier, keys, values, index, calibration)
+        else:
+            keys_hat, values_hat = keys, values
         k, v, k_hat, v_hat = (t.float().cpu() for t in (keys, values, keys_hat, values_hat))
         out.append(
             LayerError(
@@ -212,25 +265,27 @@ def layer_errors(capture: KVCapture, tier: Tier) -> list[LayerError]:
     return out
 
 
-def inspect_capture(capture: KVCapture, tier: Tier | str, layer: int = 0, head: int = 0) -> Inspection:
-    """Heatmaps of (layer, head), spectra and per-layer errors of `tier` on a capture."""
+def inspect_capture(capture: KVCapture, tier: Tier | str, layer: int = 0, head: int = 0,
+                    calibration: Calibration | None = None) -> Inspection:
+    """Heatmaps of (layer, head), spectra and per-layer errors of `tier` on a capture (calibration: PCA tiers)."""
     tier = as_tier(tier)
     layers, heads = len(capture.keys), capture.keys[0].shape[0]
     if not (0 <= layer < layers and 0 <= head < heads):
         raise ValueError(f"layer={layer}, head={head} out of range (layers 0..{layers - 1}, heads 0..{heads - 1})")
     keys, values = capture.keys[layer], capture.values[layer]
     if capture.layer_types[layer] == "full_attention":
-        keys_hat, values_hat, span = reconstruct(tier, keys, values)
+        keys_hat, values_hat, span = reconstruct(tier, keys, values, layer, calibration)
     else:
         keys_hat, values_hat, span = keys, values, (0, 0)
     k, k_hat, v, v_hat = (t[head].float().cpu() for t in (keys, keys_hat, values, values_hat))  # (S, D)
     view = HeadView(layer, head, span, k, k_hat, (k_hat - k).abs(), v, v_hat, (v_hat - v).abs())
-    return Inspection(tier.name, capture.tokens, view, spectrum(capture, tier), layer_errors(capture, tier))
+    return Inspection(tier.name, capture.tokens, view, spectrum(capture, tier), channel_spectrum(capture, calibration),
+                      layer_errors(capture, tier, calibration))
 
 
 def inspect_tier(loaded: LoadedModel, prompt: Prompt, tier: Tier | str, layer: int = 0, head: int = 0) -> Inspection:
-    """capture_kv then inspect_capture."""
-    return inspect_capture(capture_kv(loaded, prompt), tier, layer, head)
+    """capture_kv then inspect_capture (with the model's calibration for a PCA tier)."""
+    return inspect_capture(capture_kv(loaded, prompt), tier, layer, head, calibration_for(loaded, tier))
 
 
 def relative_error(x: torch.Tensor, x_hat: torch.Tensor) -> float:

@@ -16,6 +16,7 @@ import torch
 from codeckv.cache import make_cache
 from codeckv.measure.corpus import corpus_windows
 from codeckv.models import LoadedModel
+from codeckv.tiers import as_tier
 
 
 @dataclass
@@ -35,8 +36,8 @@ def memory_table(loaded: LoadedModel, tiers: list[str], context: int = 4096, dec
     ids = corpus_windows(loaded.tokenizer, 1, context + decode_steps)[0].to(loaded.model.device)
     rows = []
     for tier in tiers:
-        for free in (False, True):
-            cache = make_cache(loaded.model.config, tier, materialization_free=free)
+        for free in (False,) if as_tier(tier).joint else (False, True):  # PCA tiers have no materialization-free mode
+            cache = make_cache(loaded, tier, materialization_free=free)
             loaded.model(ids[None, :context], cache=cache)
             for t in range(context, context + decode_steps):
                 loaded.model(ids[None, t : t + 1], cache=cache)

@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from codeckv.cache import CodecCache, make_cache
+from codeckv.calibration import calibration_for
 from codeckv.measure.corpus import corpus_windows
 from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier
@@ -63,6 +64,8 @@ def prefill_table(
     """Time native / prefill + flush / native + from_cache for every tier and prompt length (module docstring)."""
     model, config = loaded.model, loaded.model.config
     tiers = [t for t in (as_tier(t) for t in tiers) if not t.is_native]
+    for tier in tiers:  # a PCA tier's calibration is read (or computed) now, outside the timings
+        calibration_for(loaded, tier)
 
     def native(ids: torch.Tensor) -> DynamicCache:
         cache = DynamicCache(config=config)
@@ -70,12 +73,12 @@ def prefill_table(
         return cache
 
     def through(ids: torch.Tensor, tier: Tier) -> None:
-        cache = make_cache(config, tier)
+        cache = make_cache(loaded, tier)
         model(ids, cache=cache)
         cache.flush()
 
     def converted(ids: torch.Tensor, tier: Tier) -> CodecCache:
-        return CodecCache.from_cache(native(ids), tier)
+        return CodecCache.from_cache(native(ids), tier, calibration=calibration_for(loaded, tier))
 
     rows = []
     for length in lengths:

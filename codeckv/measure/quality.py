@@ -90,10 +90,9 @@ def measure_quality(
 
     reference = native_reference(loaded.model, data, prefix, step("native"))
     native = get_tier("native")
-    config = loaded.model.config
     rows, scores = [], {}
     for tier in [native, *runs]:
-        cache = make_cache(config, tier)
+        cache = make_cache(loaded, tier)
         scores[tier.name] = score_cache(loaded.model, reference, cache, step(tier.name))
         rows.append(_row(tier, reference, scores[tier.name], cache, label, windows, length))
     tokens = [loaded.tokenizer.decode([t]) for t in reference.targets[0].tolist()]

@@ -34,6 +34,7 @@ import torch
 from transformers import Cache, DynamicCache
 
 from codeckv.cache import CodecCache, footprint, make_cache
+from codeckv.calibration import calibration_for
 from codeckv.generate import chat_input_ids, next_logits, stop_token_ids
 from codeckv.layers import CodecLayer
 from codeckv.measure.lockstep import delta_percent, kl_divergence
@@ -71,7 +72,7 @@ class Run:
 
     def __init__(self, loaded: LoadedModel, label: str, tier: Tier, materialization_free: bool = False) -> None:
         self.loaded, self.label, self.tier, self.materialization_free = loaded, label, tier, materialization_free
-        self.cache = make_cache(loaded.model.config, tier, materialization_free)
+        self.cache = make_cache(loaded, tier, materialization_free)
         self.held = 0  # tokens the cache holds
         self.start_turn(0, 0)
 
@@ -156,7 +157,7 @@ def filled_from(native: Cache, run: Run) -> Cache:
     """A cache for run's tier holding what `native` holds (converted in one batched encode), native left as it was."""
     if run.tier.is_native:
         return copy.deepcopy(native)
-    return CodecCache.from_cache(native, run.tier, run.materialization_free)
+    return CodecCache.from_cache(native, run.tier, run.materialization_free, calibration_for(run.loaded, run.tier))
 
 
 def stream_turn(

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from codeckv.calibration import Calibration, calibration_for
 from codeckv.measure.inspect import capture_kv, layer_errors
 from codeckv.measure.runs import Comparison, Prompt, RunStats
 from codeckv.measure.side_by_side import prompt_ids, stream_runs
@@ -82,12 +83,12 @@ def sweep(
     for index, (label, cmp) in enumerate(update.results.items()):
         if progress:
             progress(total + index + 1, total + len(tiers), f"PSNR {label}")
-        rows.append(_row(cmp, _mean_psnr(capture, tiers[index])))
+        rows.append(_row(cmp, _mean_psnr(capture, tiers[index], calibration_for(loaded, tiers[index]))))
     return Sweep(ids.shape[1], native, update.results, rows)
 
 
-def _mean_psnr(capture, tier: Tier) -> float:
-    errors = [e for e in layer_errors(capture, tier) if e.codec]
+def _mean_psnr(capture, tier: Tier, calibration: Calibration | None) -> float:
+    errors = [e for e in layer_errors(capture, tier, calibration) if e.codec]
     if not errors:
         return math.inf
     values = [p for e in errors for p in (e.key_psnr_db, e.value_psnr_db)]

@@ -1,0 +1,83 @@
+"""PCALayer: the cache layer of a PCA tier, whose calibrated coder codes keys and values together.
+
+It holds tokens like a CodecLayer (codeckv/layers.py) — sinks, archived chunks, raw tail, one memoized
+decoded view that attention reads — with two differences:
+
+- its coder belongs to one model layer (a calibrated basis, codecs/pca.py) and removes RoPE from keys,
+  so it needs each token's absolute position: its index in the cache. That holds for every path of this
+  product (one sequence, or equal-length rows, starting at position 0); left-padded batches are not supported.
+- the archive is a list of entropy-coded chunks of `unit` tokens (bytes), not fixed-size code tensors;
+  `footprint()` counts exactly those bytes. Flushing encodes, then decodes the stored streams into the view.
+
+Beam search (batch reordering) and the materialization-free mode are not supported.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from codeckv.codecs.pca import Chunk, LayerCoder
+from codeckv.layers import MIN_ARCHIVE_TOKENS, CodecLayer
+from codeckv.tiers import Tier
+
+
+class PCALayer(CodecLayer):
+    """One full-attention layer of a PCA tier (module docstring); flush_layers hands it its own flush."""
+
+    def __init__(self, tier: Tier, coder: LayerCoder) -> None:
+        DynamicLayer.__init__(self)
+        if tier.joint is None:
+            raise ValueError(f"tier '{tier.name}' has no joint coder: use CodecLayer (allowed: a PCA tier)")
+        self.tier, self.coder = tier, coder
+        self.unit = MIN_ARCHIVE_TOKENS  # tokens per stored chunk
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self.length = 0  # tokens held
+        self.archived_upto = self.tier.keep_first  # tokens [keep_first, archived_upto) are archived
+        self.chunks: list[Chunk] = []  # one per `unit` archived tokens, in order
+        self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
+        self._view_v: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def flush(self) -> None:
+        """Encode each complete chunk outside the sinks and the recent window; decode the stored bytes into the view."""
+        count = self._archivable()
+        if count <= 0:
+            return
+        start = self.archived_upto
+        keys, values = self._span(count)
+        chunks = self.coder.encode(keys, values, start, self.unit)
+        decoded = self.coder.decode(chunks, start, self.unit, keys.shape[0], keys.dtype)
+        self.chunks += chunks
+        self._view_k[:, :, start : start + count], self._view_v[:, :, start : start + count] = decoded
+        self.archived_upto += count
+
+    def _stored(self) -> tuple[int, int, int]:
+        held = sum(chunk.nbytes for chunk in self.chunks)
+        return len(self.chunks) * self.unit, held, held
+
+    @torch.inference_mode()
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last -tokens_to_remove tokens; chunks past the new end are dropped (CodecLayer.crop)."""
+        if not self._shorten(tokens_to_remove):
+            return
+        kept = self._archived_after_crop()
+        if self.tier.keep_first + kept < self.archived_upto:
+            self.archived_upto = self.tier.keep_first + kept
+            del self.chunks[kept // self.unit :]
+        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise ValueError(f"tier '{self.tier.name}' does not support beam search or batch reordering "
+                         "(allowed: greedy or sampled generation)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise ValueError(f"tier '{self.tier.name}' does not support repeating batch rows "
+                         "(allowed: num_return_sequences=1)")
+
+    def set_left_padding(self, pads: torch.Tensor) -> None:
+        if int(pads.max()):
+            raise ValueError(f"tier '{self.tier.name}' removes RoPE at each token's index in the cache, which a "
+                             "left-padded row does not start at (allowed: rows of equal length, no padding)")
