@@ -23,5 +23,6 @@ def test_inspect_cli_writes_layers_and_charts(tmp_path):
     summary = json.loads((tmp_path / "inspect.json").read_text())
     assert summary["tier"] == "turbo-4" and len(summary["layers"]) == 30
     assert {p.name for p in tmp_path.glob("*.html")} == {
-        "heatmap_key.html", "heatmap_value.html", "spectrum.html", "layer_errors.html", "var_ratio.html"
+        "heatmap_key.html", "heatmap_value.html", "spectrum.html", "channel_spectrum.html", "layer_errors.html",
+        "var_ratio.html",
     }
