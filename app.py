@@ -11,30 +11,22 @@ from __future__ import annotations
 from codeckv.zerogpu import gpu  # first: on ZeroGPU `spaces` patches torch before anything touches CUDA
 
 # isort: split
-import atexit
 import functools
 import inspect as pyinspect
 import os
-import shutil
-import tempfile
-import uuid
 from pathlib import Path
 
 import gradio as gr
 
-from codeckv.figures import inspect_figures, quality_figures, token_kld_figure, worst_tier
+from codeckv.figures import worst_tier
 from codeckv.formatting import (
-    codec_stats_markdown,
     model_markdown,
-    native_stats_markdown,
-    progress_markdown,
     stopped_markdown,
 )
 from codeckv.inputs import (
     BITS_CHOICES,
     DOCUMENTS,
     TEXT_FILE_TYPES,
-    fits_model,
     one_of,
     tier_from_knobs,
     user_text,
@@ -44,14 +36,12 @@ from codeckv.inputs import (
 from codeckv.limits import Limits, StopFlag, release_memory
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.corpus import corpus_text
-from codeckv.measure.inspect import inspect_tier
 from codeckv.measure.needle import as_dicts as needle_dicts
-from codeckv.measure.quality import QualityRun
-from codeckv.measure.side_by_side import prompt_ids
-from codeckv.measure.table import write_csv, write_json
+from codeckv.measure.table import write_csv
 from codeckv.models import DEFAULT_MODEL, ModelUnavailableError
-from codeckv.plots import needle_figure, pareto_figure
+from codeckv.plots import needle_figure
 from codeckv.pool import POOL
+from codeckv.reports import Reports
 from codeckv.service import (
     INSPECT_GPU_SECONDS,
     LONG_GPU_SECONDS,
@@ -63,10 +53,16 @@ from codeckv.service import (
     SOURCES,
     chat_gpu_seconds,
     chat_panels,
+    chat_stream,
+    fresh_stop,
+    inspect_request,
     needle_cells,
     needle_request,
     needle_table,
+    sweep_downloads,
+    sweep_pareto,
     sweep_request,
+    sweep_token_kld,
 )
 from codeckv.tiers import TIERS
 from kernels import backend_name
@@ -76,9 +72,7 @@ EXAMPLES = [line for line in (Path(__file__).parent / "assets" / "examples.txt")
 LONG_EXAMPLE = ["What does the finally clause do? Answer in two sentences.", next(iter(DOCUMENTS))]
 INSPECT_TEXT = corpus_text()[:1500]  # ~370 tokens of the Python reference: enough blocks to see spectra
 LIMITS = Limits.from_env()  # the operator's per-request budgets (codeckv/limits.py); requests read them afresh
-REPORTS = Path(tempfile.mkdtemp(prefix="codeckv-reports-"))  # sweep downloads; the newest KEEP_REPORTS are kept
-KEEP_REPORTS = 16
-atexit.register(shutil.rmtree, REPORTS, ignore_errors=True)
+REPORTS = Reports(keep=16)  # sweep and needle downloads of this process
 
 
 def guarded(handler):
@@ -119,34 +113,17 @@ def chat_turn(message, document, upload, model_name, tier_name, max_new_tokens, 
     *advanced, session = rest
     session = session if isinstance(session, ChatSession) else ChatSession()
     limits = Limits.from_env()
-    deadline = limits.deadline()
     message = user_text(message)
     max_new_tokens = whole(max_new_tokens, "max new tokens", 1, limits.max_new_tokens)
     tier = tier_from_knobs(tier_name, *advanced)
     user, shown = with_document(message, one_of(document, "document", DOCUMENTS) if document else None, upload)
     try:
         with POOL.lease(model_name) as loaded:
-            fits_model(tier, loaded.info)
-            turn = session.ask(loaded, user, tier, max_new_tokens, bool(materialization_free), shown,
-                               limits.max_prompt_tokens)
-            for update in turn:
-                native, codec = chat_panels(session, (shown, update.native.text, update.codec.text))
-                if deadline.passed:
-                    last = session.stop()
-                    native, codec = chat_panels(session)
-                    budget = f" (its time budget of {limits.max_request_seconds} s ran out)"
-                    stats = stopped_markdown(last, "native") + budget, stopped_markdown(last, "codec") + budget
-                    yield native, codec, *stats, "", None, None, session
-                    return
-                if update.result is None:
-                    waiting = progress_markdown(update)
-                    yield native, codec, waiting, waiting, "", None, None, session
-                else:
-                    stats = native_stats_markdown(update.result), codec_stats_markdown(update.result)
-                    yield native, codec, *stats, "", None, None, session
+            turn = chat_stream(loaded, session, user, shown, tier, max_new_tokens, bool(materialization_free), limits)
+            for native, codec, native_stats, codec_stats in turn:
+                yield native, codec, native_stats, codec_stats, "", None, None, session
     finally:
         release_memory()
-
 
 def stop_turn(session):
     """Stop: keep what both sides generated and say what was measured before the stop."""
@@ -170,48 +147,15 @@ def clear_chat(session):
 def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
     """Heatmaps of one (layer, head), DCT and channel spectra, per-layer errors and smoothness for a tier."""
     *advanced, layer, head, which = advanced_and_view
-    limits = Limits.from_env()
     prompt = user_text(prompt, "the text")
     tier = tier_from_knobs(tier_name, *advanced)
-    which = one_of(which, "tensor", ("K", "V"))
     try:
         with POOL.lease(model_name) as loaded:
-            fits_model(tier, loaded.info)
-            layer = whole(layer, "layer", 0, len(loaded.info.layer_types) - 1)
-            head = whole(head, "KV head", 0, loaded.info.num_kv_heads - 1)
-            ids = prompt_ids(loaded, prompt, limit=limits.max_inspect_tokens)
-            view = inspect_tier(loaded, ids, tier, layer=layer, head=head)
+            figures, summary = inspect_request(loaded, prompt, tier, layer, head, which, Limits.from_env())
     finally:
         release_memory()
-    start, end = view.head.archived
-    errors = view.layers[layer]
-    summary = (
-        f"**{tier.name}** on layer {layer}, head {head}: tokens {start}–{end} of {len(view.tokens)} went through "
-        f"the codec (the rest stays raw). Layer {layer}: K PSNR {errors.key_psnr_db:.1f} dB, "
-        f"V PSNR {errors.value_psnr_db:.1f} dB, attention-output error {errors.attention_rel_error:.2%}."
-    )
-    figures = inspect_figures(view)
-    heatmap = figures["heatmap_key" if which == "K" else "heatmap_value"]
-    return (heatmap, figures["spectrum"], figures["channel_spectrum"], figures["layer_errors"], figures["var_ratio"],
-            summary)
-
-
-def report_folder() -> Path:
-    """A fresh folder for one request's downloads; older ones beyond KEEP_REPORTS are removed."""
-    folders = sorted(REPORTS.iterdir(), key=lambda p: p.stat().st_mtime)
-    for old in folders[: max(0, len(folders) - KEEP_REPORTS + 1)]:
-        shutil.rmtree(old, ignore_errors=True)
-    folder = REPORTS / uuid.uuid4().hex
-    folder.mkdir()
-    return folder
-
-
-def stopper(flag):
-    """The session's StopFlag (a fresh one for an API caller without a session), reset for a new run."""
-    flag = flag if isinstance(flag, StopFlag) else StopFlag()
-    flag.reset()
-    return flag
-
+    return (figures["heatmap"], figures["spectrum"], figures["channel_spectrum"], figures["layer_errors"],
+            figures["var_ratio"], summary)
 
 def request_stop(flag):
     """The Sweep / Needle Stop button: the running request stops at its next step."""
@@ -229,34 +173,17 @@ def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens,
     try:
         with POOL.lease(model_name) as loaded:
             run = sweep_request(loaded, mode, source, pasted, upload, windows, length, prompt, new_tokens, tiers,
-                                report, stop=stopper(stop))
+                                report, stop=fresh_stop(stop))
             model = loaded.info.name
     finally:
         release_memory()
-    folder = report_folder()
-    files = [str(write_csv(run.rows, folder / "sweep.csv")),
-             str(write_json({"model": model, **run.about, "rows": run.rows}, folder / "sweep.json"))]
+    files = sweep_downloads(run, model, REPORTS.fresh())
     prompt_mode = "latency" in run.figures
     pareto = run.figures["pareto_kld" if metric == "kld" or prompt_mode else "pareto_nll"]
     latency = gr.update(value=run.figures.get("latency"), visible=prompt_mode)
     match = gr.update(value=run.figures.get("token_match"), visible=prompt_mode)
     choice = gr.update(choices=[r.tier for r in run.result.rows if r.tier != "native"], value=worst_tier(run.result))
     return run.table, pareto, latency, match, run.figures["token_kld"], files, run.result, choice
-
-
-def pareto_for(result, metric):
-    """Redraw the Pareto chart of the last sweep for the chosen quality metric (no re-run)."""
-    if result is None or metric not in METRICS:
-        return None
-    if isinstance(result, QualityRun):
-        return quality_figures(result)["pareto_kld" if METRICS[metric] == "kld" else "pareto_nll"]
-    return pareto_figure(result.rows, METRICS[metric], title="Storage vs quality (one reply)")
-
-
-def kld_for(result, tier):
-    """Per-token KL divergence of one swept tier (empty until a sweep ran)."""
-    names = [r.tier for r in result.rows] if result is not None else []
-    return token_kld_figure(result, tier) if tier in names and tier != "native" else None
 
 
 @gpu(duration=LONG_GPU_SECONDS)
@@ -267,10 +194,10 @@ def run_needle(lengths, depths, tiers, model_name, stop=None, progress=gr.Progre
     report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
     try:
         with POOL.lease(model_name) as loaded:
-            grid = needle_request(loaded, lengths, depths, tiers, report, stop=stopper(stop))
+            grid = needle_request(loaded, lengths, depths, tiers, report, stop=fresh_stop(stop))
     finally:
         release_memory()
-    path = write_csv(needle_dicts(grid.rows), report_folder() / "needle.csv")
+    path = write_csv(needle_dicts(grid.rows), REPORTS.fresh() / "needle.csv")
     return needle_figure(grid), needle_table(grid), str(path)
 
 
@@ -453,8 +380,8 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         [sweep_table_out, pareto, latency, token_match, token_kld, downloads, sweep_state, kld_tier],
         api_name="sweep",
     )
-    sweep_metric.change(pareto_for, [sweep_state, sweep_metric], pareto, api_name=False)
-    kld_tier.change(kld_for, [sweep_state, kld_tier], token_kld, api_name=False)
+    sweep_metric.change(sweep_pareto, [sweep_state, sweep_metric], pareto, api_name=False)
+    kld_tier.change(sweep_token_kld, [sweep_state, kld_tier], token_kld, api_name=False)
     needle_button.click(run_needle, [needle_lengths, needle_depths, needle_tiers, model_name, stop_flag],
                         [needle_plot, needle_answers, needle_csv], api_name="needle")
     for button in (sweep_stop, needle_stop):

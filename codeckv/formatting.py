@@ -116,3 +116,14 @@ def sweep_table(rows) -> dict:
              round(r.delta_nll_pct, 2), round(r.decode_ms, 1), round(r.latency_ratio, 3), round(r.token_match, 3),
              r.first_divergence] for r in rows]
     return {"headers": headers, "data": data}
+
+
+def inspect_summary(view, tier: str, layer: int, head: int) -> str:
+    """One line under the Inspect charts: which tokens went through the codec, and the layer's errors."""
+    start, end = view.head.archived
+    errors = view.layers[layer]
+    return (
+        f"**{tier}** on layer {layer}, head {head}: tokens {start}–{end} of {len(view.tokens)} went through "
+        f"the codec (the rest stays raw). Layer {layer}: K PSNR {errors.key_psnr_db:.1f} dB, "
+        f"V PSNR {errors.value_psnr_db:.1f} dB, attention-output error {errors.attention_rel_error:.2%}."
+    )

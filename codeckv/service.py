@@ -2,7 +2,8 @@
 
     outcome = sweep_request(loaded, LONG_TEXT, source=..., windows=2, length=512, tiers=[...], progress=cb)
     grid = needle_request(loaded, ["512", "1024"], ["0%", "100%"], ["turbo-4"], progress=cb)
-    native, codec = chat_panels(session)
+    for native, codec, native_stats, codec_stats in chat_stream(loaded, session, user, shown, tier, 96, False, limits): ...
+    figures, summary = inspect_request(loaded, text, tier, layer=3, head=1, which="K", limits=limits)
 
 Every value is checked here or in codeckv/inputs.py before it reaches a loader, a loop or an
 allocation, and every request runs under the budgets of codeckv/limits.py; app.py only maps these
@@ -11,22 +12,36 @@ results onto its components.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import plotly.graph_objects as go
 
-from codeckv.figures import quality_figures, sweep_figures
-from codeckv.formatting import quality_table, sweep_table
-from codeckv.inputs import one_of, read_text_file, tier_names, user_text, whole
+from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure
+from codeckv.formatting import (
+    codec_stats_markdown,
+    inspect_summary,
+    native_stats_markdown,
+    progress_markdown,
+    quality_table,
+    stopped_markdown,
+    sweep_table,
+)
+from codeckv.inputs import fits_model, one_of, read_text_file, tier_names, user_text, whole
 from codeckv.limits import Deadline, Limits, StopFlag
 from codeckv.measure.chat import ChatSession
+from codeckv.measure.inspect import inspect_tier
 from codeckv.measure.needle import NeedleGrid, needle_grid
 from codeckv.measure.quality import QualityRun, measure_quality
 from codeckv.measure.quality import as_dicts as quality_dicts
+from codeckv.measure.side_by_side import prompt_ids
 from codeckv.measure.sweep import Sweep, sweep
 from codeckv.measure.sweep import as_dicts as sweep_dicts
+from codeckv.measure.table import write_csv, write_json
 from codeckv.models import LoadedModel
+from codeckv.plots import pareto_figure
+from codeckv.tiers import Tier
 from codeckv.zerogpu import MAX_SECONDS, estimate_seconds
 
 LONG_TEXT = "long text: KL divergence, top-1, ΔNLL with their spread over windows"
@@ -142,3 +157,69 @@ def chat_panels(session: ChatSession, pending: tuple[str, str, str] | None = Non
         native += [{"role": "user", "content": shown}, {"role": "assistant", "content": native_reply}]
         codec += [{"role": "user", "content": shown}, {"role": "assistant", "content": codec_reply}]
     return native, codec
+
+
+def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str, tier: Tier, max_new_tokens: int,
+                materialization_free: bool, limits: Limits) -> Iterator[tuple[list, list, str, str]]:
+    """One chat turn as what the two panels and their stats lines show: (native, codec, native stats, codec stats).
+
+    The turn stops when the request's time budget runs out; the stats then say what was measured before.
+    """
+    deadline = limits.deadline()
+    fits_model(tier, loaded.info)
+    turn = session.ask(loaded, user, tier, max_new_tokens, materialization_free, shown, limits.max_prompt_tokens)
+    for update in turn:
+        native, codec = chat_panels(session, (shown, update.native.text, update.codec.text))
+        if deadline.passed:
+            last = session.stop()
+            budget = f" (its time budget of {limits.max_request_seconds} s ran out)"
+            native, codec = chat_panels(session)
+            yield native, codec, stopped_markdown(last, "native") + budget, stopped_markdown(last, "codec") + budget
+            return
+        if update.result is None:
+            waiting = progress_markdown(update)
+            yield native, codec, waiting, waiting
+        else:
+            yield native, codec, native_stats_markdown(update.result), codec_stats_markdown(update.result)
+
+
+def inspect_request(loaded: LoadedModel, prompt: str, tier: Tier, layer, head, which,
+                    limits: Limits) -> tuple[dict[str, go.Figure], str]:
+    """The Inspect figures of one tier on a text, and a one-line summary of the chosen (layer, head)."""
+    fits_model(tier, loaded.info)
+    which = one_of(which, "tensor", ("K", "V"))
+    layer = whole(layer, "layer", 0, len(loaded.info.layer_types) - 1)
+    head = whole(head, "KV head", 0, loaded.info.num_kv_heads - 1)
+    view = inspect_tier(loaded, prompt_ids(loaded, prompt, limit=limits.max_inspect_tokens), tier, layer=layer,
+                        head=head)
+    figures = inspect_figures(view)
+    figures["heatmap"] = figures["heatmap_key" if which == "K" else "heatmap_value"]
+    return figures, inspect_summary(view, tier.name, layer, head)
+
+
+def sweep_downloads(outcome: SweepOutcome, model: str, folder: Path) -> list[str]:
+    """Write a sweep's rows as CSV and JSON (with what was measured) into folder: their paths."""
+    return [str(write_csv(outcome.rows, folder / "sweep.csv")),
+            str(write_json({"model": model, **outcome.about, "rows": outcome.rows}, folder / "sweep.json"))]
+
+
+def sweep_pareto(result, metric) -> go.Figure | None:
+    """The Pareto chart of a finished sweep for a quality axis of METRICS (redrawn, not re-run)."""
+    if result is None or metric not in METRICS:
+        return None
+    if isinstance(result, QualityRun):
+        return quality_figures(result)["pareto_kld" if METRICS[metric] == "kld" else "pareto_nll"]
+    return pareto_figure(result.rows, METRICS[metric], title="Storage vs quality (one reply)")
+
+
+def sweep_token_kld(result, tier) -> go.Figure | None:
+    """Per-token KL divergence of one swept tier (None until a sweep ran, or for native)."""
+    names = [r.tier for r in result.rows] if result is not None else []
+    return token_kld_figure(result, tier) if tier in names and tier != "native" else None
+
+
+def fresh_stop(flag) -> StopFlag:
+    """The session's StopFlag (a fresh one for an API caller without a session), reset for a new run."""
+    flag = flag if isinstance(flag, StopFlag) else StopFlag()
+    flag.reset()
+    return flag

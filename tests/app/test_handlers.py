@@ -149,7 +149,7 @@ def test_long_text_sweep_reports_spread_and_files():
     assert pareto is not None and token_kld is not None and latency["visible"] is False
     assert [p.rsplit(".", 1)[-1] for p in files] == ["csv", "json"]
     assert choice["choices"] == ["png", "int8"]
-    assert app.pareto_for(result, "ΔNLL").layout.yaxis.title.text == "ΔNLL vs native (%)"
+    assert app.sweep_pareto(result, "ΔNLL").layout.yaxis.title.text == "ΔNLL vs native (%)"
 
 
 def test_one_prompt_sweep_and_pasted_text_sweep():
