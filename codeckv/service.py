@@ -2,7 +2,8 @@
 
     outcome = sweep_request(loaded, LONG_TEXT, source=..., windows=2, length=512, tiers=[...], progress=cb)
     grid = needle_request(loaded, ["512", "1024"], ["0%", "100%"], ["turbo-4"], progress=cb)
-    for native, codec, native_stats, codec_stats in chat_stream(loaded, session, user, shown, tier, 96, False, limits): ...
+    for native, codec, native_stats, codec_stats in chat_stream(loaded, session, user, shown, tier, 96, False, limits):
+        ...
     figures, summary = inspect_request(loaded, text, tier, layer=3, head=1, which="K", limits=limits)
 
 Every value is checked here or in codeckv/inputs.py before it reaches a loader, a loop or an
