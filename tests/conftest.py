@@ -19,8 +19,7 @@ def loaded():
     return load_model()
 
 
-@pytest.fixture
-def tiny_gemma3():
+def build_tiny_gemma3():
     """A random-weight 6-layer Gemma 3 (full attention on layers 2 and 5, sliding window elsewhere): the hybrid case."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -31,3 +30,9 @@ def tiny_gemma3():
     )
     torch.manual_seed(0)
     return Gemma3ForCausalLM(config).eval()
+
+
+@pytest.fixture
+def tiny_gemma3():
+    """A fresh tiny hybrid Gemma 3 per test (build_tiny_gemma3)."""
+    return build_tiny_gemma3()

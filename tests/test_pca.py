@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import build_tiny_gemma3
 from transformers import DynamicCache
 
 import codeckv.calibration as calibration
@@ -23,16 +24,8 @@ SMALL = JointPCA(bits_per_element=1.0, calibration_windows=2, calibration_length
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    """A random-weight hybrid Gemma 3 (conftest's tiny_gemma3, module-scoped) and its pca-8x calibration."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    config = Gemma3TextConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64, sliding_window=16, max_position_embeddings=256,
-        layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"],
-    )
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(config).eval()
+    """A random-weight hybrid Gemma 3 (conftest's, built once for this module) and its pca-8x calibration."""
+    model = build_tiny_gemma3()
     ids = torch.randint(0, 128, (4, 64), generator=torch.Generator().manual_seed(1))
     return model, calibration.calibrate(model, ids, TIERS["pca-8x"].joint, "tiny-gemma3")
 
