@@ -21,7 +21,7 @@ def main(tier: str, new_tokens: int) -> None:
     release_memory()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     question = "\n\nSummarize this."
-    room = limits.max_prompt_tokens - 64  # the chat template's tokens around the message
+    room = limits.max_prompt_tokens - new_tokens - 64  # the new tokens, and the chat template around the message
     ids = loaded.tokenizer(corpus_text()).input_ids[:room]
     turn = ChatSession().ask(loaded, loaded.tokenizer.decode(ids) + question, tier, new_tokens,
                              max_prompt_tokens=limits.max_prompt_tokens)
