@@ -71,7 +71,8 @@ def test_hybrid_sliding_layers_are_refilled_when_the_codec_cache_rewinds(tiny_ge
 
 def test_the_largest_allowed_chat_turn_stays_within_its_memory_bound():
     """A prompt at the app's token limit, png (the largest codec view), in a fresh process: peak RSS growth
-    stays under 2.5 GiB (measured 2.0 GiB with 64 new tokens: two fp32 caches and their views of 8k tokens, one prefill chunk)."""
+    stays under 2.5 GiB (measured 2.0 GiB with 64 new tokens: two fp32 caches and their views of 8k tokens,
+    one prefill chunk)."""
     script = Path(__file__).with_name("max_request.py")
     env = {**os.environ, "PYTHONPATH": str(script.parents[2])}
     done = subprocess.run([sys.executable, str(script), "png", "8"], capture_output=True, text=True, env=env,
