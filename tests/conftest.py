@@ -36,3 +36,10 @@ def build_tiny_gemma3():
 def tiny_gemma3():
     """A fresh tiny hybrid Gemma 3 per test (build_tiny_gemma3)."""
     return build_tiny_gemma3()
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_builder():
+    """The builder itself, for module-scoped fixtures that build the model once (conftest is not importable by
+    name: tests/measure has its own)."""
+    return build_tiny_gemma3

@@ -7,7 +7,6 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import build_tiny_gemma3
 from transformers import DynamicCache
 
 import codeckv.calibration as calibration
@@ -23,9 +22,9 @@ SMALL = JointPCA(bits_per_element=1.0, calibration_windows=2, calibration_length
 
 
 @pytest.fixture(scope="module")
-def tiny_model():
+def tiny_model(tiny_gemma3_builder):
     """A random-weight hybrid Gemma 3 (conftest's, built once for this module) and its pca-8x calibration."""
-    model = build_tiny_gemma3()
+    model = tiny_gemma3_builder()
     ids = torch.randint(0, 128, (4, 64), generator=torch.Generator().manual_seed(1))
     return model, calibration.calibrate(model, ids, TIERS["pca-8x"].joint, "tiny-gemma3")
 
