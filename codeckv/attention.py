@@ -9,6 +9,8 @@ A CodedLayer (codeckv/layers.py) returns shape-only "meta" tensors tagged with i
 kernels.decode_attention on the layer's segments (Triton on CUDA, the chunked torch reference
 elsewhere). Untagged keys (native layers, sliding-window layers, a materialized CodecLayer) go to
 transformers' SDPA unchanged, so a model routed here attends exactly as with SDPA on any other cache.
+A StackedCache (codeckv/stacked.py) tags its keys with its members' outputs: each member's rows of
+the batch attend to that member's keys alone, by the same rules.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from codeckv.layers import TAG
+from codeckv.stacked import STACK_TAG
 
 ATTENTION = "codeckv"  # the attn_implementation name
 
@@ -34,6 +37,9 @@ def codec_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: stored codes for a CodedLayer's tagged keys, SDPA for anything else."""
+    members = getattr(key, STACK_TAG, None)
+    if members is not None:
+        return _stacked_attention(module, query, members, attention_mask, dropout, scaling, **kwargs)
     layer = getattr(key, TAG, None)
     if layer is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
@@ -46,6 +52,19 @@ def codec_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _stacked_attention(module, query, members, attention_mask, dropout, scaling, **kwargs) -> tuple[torch.Tensor, None]:
+    """A StackedLayer's step: each member's rows of `query` attend to that member's (keys, values) alone."""
+    rows = query.shape[0] // len(members)
+    outputs = []
+    for index, (keys, values) in enumerate(members):
+        part = slice(index * rows, (index + 1) * rows)
+        mask = attention_mask
+        if mask is not None and mask.shape[0] > 1:
+            mask = mask[part]
+        outputs.append(codec_attention(module, query[part], keys, values, mask, dropout, scaling, **kwargs)[0])
+    return torch.cat(outputs), None
+
+
 def register() -> None:
     """Register "codeckv" in transformers' attention and mask interfaces (idempotent)."""
     AttentionInterface.register(ATTENTION, codec_attention)
@@ -54,5 +73,7 @@ def register() -> None:
 
 def use_codec_attention(model) -> None:
     """Make `model` attend through codec_attention (safe for any cache: non-codec layers still use SDPA)."""
+    if model.config._attn_implementation == ATTENTION:
+        return
     register()
     model.set_attn_implementation(ATTENTION)

@@ -1,20 +1,26 @@
 """Distribution metrics, llama.cpp's yardstick: KL divergence, top-1 agreement and ΔNLL against native.
 
-    reference = native_reference(model, windows)                       # the native pass, once
-    scores = score_cache(model, reference, make_cache(config, "turbo-4"))  # the same tokens, the tier's cache
-    stats = compare(reference, scores)                                  # means ± standard error over windows
+    caches = [make_cache(config, "native"), make_cache(config, "turbo-4"), make_cache(config, "png")]
+    reference, scores = lockstep(model, windows, caches)     # caches[0] (native) gives the reference
+    stats = compare(reference, scores[1])                     # turbo-4: means ± standard error over windows
+    _, more = lockstep(model, windows, [make_cache(config, "int8")], reference=reference)  # later, same reference
 
 Protocol (design.md): every window of T tokens prefills its first P (default T // 2), then the rest is
-teacher-forced one token at a time through the cache, all windows of a run in one batch. The forward
-of token t (P <= t < T - 1) predicts token t + 1, and at each of these T - 1 - P positions:
+teacher-forced one token at a time through the cache. The forward of token t (P <= t < T - 1)
+predicts token t + 1, and at each of these T - 1 - P positions:
 
     nll   = -log p(token t+1)                                         (nats)
     kld   = KL(p_native || p_tier) = sum_v p_native(v) (log p_native(v) - log p_tier(v))   (nats)
     top1  = argmax p_tier == argmax p_native
 
-The native log-probs are computed once and kept as (W, positions, vocab) fp32, so every tier is
-compared with the same reference without re-running native. `on_step`, called after every forward,
-is where a caller reports progress or stops the run (by raising).
+All the caches of a call are fed together in lockstep: one forward per position for all of them (a
+StackedCache, codeckv/stacked.py), so a sweep of 13 tiers costs about two forwards per position
+instead of 14. Attention runs per cache, so a cache's numbers are those of a run on its own up to the
+rounding of the matrix products at another batch size (~1e-6 in log-probs), and a lossless cache is
+bitwise its baseline when both are in the same call. The reference
+log-probs are kept as (W, positions, vocab) fp32, so caches scored in a later call compare with the
+same reference without re-running native. `on_step`, called after every forward, is where a caller
+reports progress or stops the run (by raising).
 """
 
 from __future__ import annotations
@@ -24,9 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import Cache, DynamicCache, PreTrainedModel
+from transformers import Cache, PreTrainedModel
+
+from codeckv.attention import use_codec_attention
+from codeckv.stacked import StackedCache
 
 OnStep = Callable[[], None]
+STACK_BYTES = 2 << 30  # caches fed in one batch hold at most about this much KV (stack_size)
 
 
 @dataclass
@@ -77,7 +87,7 @@ class Comparison:
 
 
 def _forward_logprobs(model: PreTrainedModel, ids: torch.Tensor, cache: Cache) -> torch.Tensor:
-    """Feed ids (W, n) through the cache; log-probs of the last position (W, vocab) float32."""
+    """Feed ids (B, n) through the cache; log-probs of the last position (B, vocab) float32."""
     logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1].float()
     return torch.log_softmax(logits, dim=-1)
 
@@ -90,42 +100,62 @@ def _check(windows: torch.Tensor, prefix: int) -> None:
 
 
 @torch.inference_mode()
-def native_reference(
-    model: PreTrainedModel, windows: torch.Tensor, prefix: int | None = None, on_step: OnStep | None = None
-) -> Reference:
-    """Run the windows (W, T) through a native DynamicCache and keep its log-probs at every scored position."""
+def lockstep(
+    model: PreTrainedModel,
+    windows: torch.Tensor,
+    caches: list[Cache],
+    prefix: int | None = None,
+    reference: Reference | None = None,
+    on_step: OnStep | None = None,
+) -> tuple[Reference, list[Scores]]:
+    """Feed the windows (W, T) through every (fresh) cache at once; the reference and each cache's Scores.
+
+    Without `reference`, caches[0] is the baseline whose log-probs become the reference (pass a native
+    cache, make_cache(config, "native"), to measure against native; its own Scores are then exactly 0).
+    With one (from an earlier call on the same windows), every cache is compared with it.
+    The model is routed through codeckv attention (codeckv.attention; load_model has done it already).
+    """
+    if not caches:
+        raise ValueError("give at least one cache (the native baseline first when there is no reference yet)")
+    if reference is not None:
+        windows, prefix = reference.windows, reference.prefix
     prefix = windows.shape[1] // 2 if prefix is None else prefix
     _check(windows, prefix)
-    windows = windows.to(model.device)
-    cache = DynamicCache(config=model.config)
-    logprobs = []
-    _forward_logprobs(model, windows[:, :prefix], cache)
-    for t in range(prefix, windows.shape[1] - 1):
-        logprobs.append(_forward_logprobs(model, windows[:, t : t + 1], cache).cpu())
+    use_codec_attention(model)
+    rows = windows.shape[0]
+    stacked = StackedCache(caches, rows)
+    ids = windows.to(model.device).repeat(len(caches), 1)  # cache i owns rows [i W, (i + 1) W)
+    targets = windows[:, prefix + 1 :].cpu()
+    baseline, metrics = [], [([], [], []) for _ in caches]  # per cache: nll, kld, top1 per position
+    _forward_logprobs(model, ids[:, :prefix], stacked)
+    for i, t in enumerate(range(prefix, windows.shape[1] - 1)):
+        step = _forward_logprobs(model, ids[:, t : t + 1], stacked).cpu().split(rows)  # per cache (W, vocab)
+        if reference is None:
+            baseline.append(step[0])
+        want = step[0] if reference is None else reference.logprobs[:, i]
+        for got, (nll, kld, top1) in zip(step, metrics):
+            nll.append(-got.gather(-1, targets[:, i : i + 1]).squeeze(-1))
+            kld.append(kl_divergence(want, got))
+            top1.append(got.argmax(-1) == want.argmax(-1))
         if on_step:
             on_step()
-    logprobs = torch.stack(logprobs, dim=1)  # (W, positions, vocab)
-    windows = windows.cpu()
-    nll = -logprobs.gather(-1, windows[:, prefix + 1 :, None]).squeeze(-1)
-    return Reference(windows, prefix, logprobs, nll)
+    if reference is None:
+        logprobs = torch.stack(baseline, dim=1)  # (W, positions, vocab)
+        nll = -logprobs.gather(-1, targets[..., None]).squeeze(-1)
+        reference = Reference(windows.cpu(), prefix, logprobs, nll)
+    return reference, [Scores(*(torch.stack(m, 1) for m in cache_metrics)) for cache_metrics in metrics]
 
 
-@torch.inference_mode()
-def score_cache(model: PreTrainedModel, reference: Reference, cache: Cache, on_step: OnStep | None = None) -> Scores:
-    """Feed the reference's tokens through `cache` (fresh) and compare every prediction with native's."""
-    windows = reference.windows.to(model.device)
-    targets = reference.targets
-    nll, kld, top1 = [], [], []
-    _forward_logprobs(model, windows[:, : reference.prefix], cache)
-    for i, t in enumerate(range(reference.prefix, windows.shape[1] - 1)):
-        got = _forward_logprobs(model, windows[:, t : t + 1], cache).cpu()  # (W, vocab)
-        want = reference.logprobs[:, i]
-        nll.append(-got.gather(-1, targets[:, i : i + 1]).squeeze(-1))
-        kld.append(kl_divergence(want, got))
-        top1.append(got.argmax(-1) == want.argmax(-1))
-        if on_step:
-            on_step()
-    return Scores(torch.stack(nll, 1), torch.stack(kld, 1), torch.stack(top1, 1))
+def stack_size(config, windows: int, tokens: int, budget: int = STACK_BYTES) -> int:
+    """How many caches of `windows` rows x `tokens` tokens one lockstep call may feed together (at least 1).
+
+    Counted as raw KV of every attention layer at 4 bytes per value, twice (a decoded view grows ahead of
+    its tokens; a DynamicCache copies itself on every step): an upper bound for every tier.
+    """
+    text = config.get_text_config(decoder=True)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    per_cache = 2 * windows * tokens * text.num_hidden_layers * text.num_key_value_heads * 2 * head_dim * 4
+    return max(1, budget // per_cache)
 
 
 def kl_divergence(native_logprobs: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:

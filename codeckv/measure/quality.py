@@ -6,7 +6,8 @@
     run.rows        # QualityRow per tier (native first): the table of `python -m codeckv quality` and the Sweep tab
     run.scores      # tier -> per-position NLL / KLD / top-1 (W, positions), for per-token charts
 
-Native runs once (measure/lockstep.py) and every tier is compared with it on the same windows. A window
+Native and every tier are fed the same windows together (measure/lockstep.py: one forward per position
+for all of them, in as few stacked batches as memory allows), and every tier is compared with native. A window
 of `length` tokens is followed by one more token, the target of the last prediction, so every cache
 holds exactly `length` tokens when its bytes are read.
 """
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass
 from codeckv.cache import footprint, make_cache
 from codeckv.layers import CodecLayer
 from codeckv.measure.corpus import source_text, text_windows
-from codeckv.measure.lockstep import Reference, Scores, compare, native_reference, score_cache
+from codeckv.measure.lockstep import Reference, Scores, compare, lockstep, stack_size
 from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier, get_tier
 
@@ -74,9 +75,11 @@ def measure_quality(
     label = "text" if text is not None else source
     data = text_windows(loaded.tokenizer, text if text is not None else source_text(source), windows,
                         length + 1, "the text" if text is not None else f"the {source}")
-    runs = [t for t in tiers if not t.is_native]
+    runs = [get_tier("native"), *(t for t in tiers if not t.is_native)]  # native first: the reference
     prefix = (length + 1) // 2
-    total = (1 + len(runs)) * (length - prefix)  # one forward per scored position, per run
+    size = stack_size(loaded.model.config, windows, length + 1)
+    groups = [runs[i : i + size] for i in range(0, len(runs), size)]
+    total = len(groups) * (length - prefix)  # one forward per scored position, per stacked group
     done = 0
 
     def step(message: str) -> Callable[[], None]:
@@ -88,13 +91,13 @@ def measure_quality(
 
         return on_step
 
-    reference = native_reference(loaded.model, data, prefix, step("native"))
-    native = get_tier("native")
-    rows, scores = [], {}
-    for tier in [native, *runs]:
-        cache = make_cache(loaded, tier)
-        scores[tier.name] = score_cache(loaded.model, reference, cache, step(tier.name))
-        rows.append(_row(tier, reference, scores[tier.name], cache, label, windows, length))
+    reference, scores, caches = None, {}, {}
+    for group in groups:
+        built = [make_cache(loaded, tier) for tier in group]
+        reference, got = lockstep(loaded.model, data, built, prefix, reference, step(", ".join(t.name for t in group)))
+        for tier, cache, tier_scores in zip(group, built, got):
+            scores[tier.name], caches[tier.name] = tier_scores, cache
+    rows = [_row(tier, reference, scores[tier.name], caches[tier.name], label, windows, length) for tier in runs]
     tokens = [loaded.tokenizer.decode([t]) for t in reference.targets[0].tolist()]
     return QualityRun(rows, reference, scores, tokens)
 

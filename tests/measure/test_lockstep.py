@@ -1,5 +1,5 @@
-"""Distribution metrics on a tiny model: png is exactly native (KLD 0, top-1 100%), a lossy tier is not; the
-spread over windows is the standard error."""
+"""Distribution metrics on a tiny model: png is exactly native (KLD 0, top-1 100%), a lossy tier is not; caches
+fed together in one stacked batch score as they do alone; the spread over windows is the standard error."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from codeckv.cache import make_cache
-from codeckv.measure.lockstep import compare, kl_divergence, native_reference, score_cache, spread
+from codeckv.measure.lockstep import compare, kl_divergence, lockstep, spread, stack_size
 
 
 @pytest.fixture
@@ -15,14 +15,40 @@ def windows():
     return torch.randint(0, 128, (3, 48), generator=torch.Generator().manual_seed(1))
 
 
+def _caches(model, *names):
+    return [make_cache(model.config, name) for name in names]
+
+
 def test_png_is_exactly_native_and_a_lossy_tier_is_not(tiny_gemma3, windows):
-    reference = native_reference(tiny_gemma3, windows)
+    reference, (native, png, lossy) = lockstep(tiny_gemma3, windows, _caches(tiny_gemma3, "native", "png", "jpeg-k2"))
     assert reference.logprobs.shape == (3, 23, 128) and reference.prefix == 24
-    png = compare(reference, score_cache(tiny_gemma3, reference, make_cache(tiny_gemma3.config, "png")))
+    assert compare(reference, native).kld.mean == 0.0
+    png = compare(reference, png)
     assert png.kld.mean == 0.0 and png.top1_pct.mean == 100.0 and png.delta_nll_pct.mean == 0.0
     assert png.nll == png.nll_native
-    lossy = compare(reference, score_cache(tiny_gemma3, reference, make_cache(tiny_gemma3.config, "jpeg-k2")))
+    lossy = compare(reference, lossy)
     assert lossy.kld.mean > 0 and lossy.kld.se > 0
+
+
+def test_a_stacked_batch_scores_each_cache_as_it_scores_alone(tiny_gemma3, windows):
+    """Attention runs per cache, so a cache's place in the batch changes nothing, and scoring it alone changes
+    only the matrix products' rounding at another batch size (~1e-6)."""
+    torch.set_num_threads(2)  # CPU attention splits its work by batch: what a shared attention call would change
+    names = ["turbo-4", "jpeg-k2", "int8"]
+    reference, together = lockstep(tiny_gemma3, windows, _caches(tiny_gemma3, "native", *names))
+    _, reversed_order = lockstep(tiny_gemma3, windows, _caches(tiny_gemma3, "native", *names[::-1]))
+    for name, stacked, other_place in zip(names, together[1:], reversed_order[:0:-1]):
+        for field in ("nll", "kld", "top1"):
+            assert torch.equal(getattr(stacked, field), getattr(other_place, field)), (name, field)
+        _, (alone,) = lockstep(tiny_gemma3, windows, _caches(tiny_gemma3, name), reference=reference)
+        assert torch.allclose(stacked.nll, alone.nll, atol=1e-5, rtol=0), name
+        assert torch.allclose(stacked.kld, alone.kld, atol=1e-6, rtol=0), name
+
+
+def test_stack_size_bounds_the_kv_of_a_batch(tiny_gemma3):
+    config = tiny_gemma3.config  # 6 layers x 1 KV head x 64 dims: 3 KiB of fp32 K+V per token, 6 KiB counted
+    assert stack_size(config, 2, 512, budget=6 * 1024 * 1024 * 3) == 3
+    assert stack_size(config, 8, 4096, budget=1) == 1
 
 
 def test_kl_divergence_matches_its_definition():
