@@ -42,6 +42,21 @@ def test_png_is_exact_and_lossy_tiers_report_bytes_and_spread(loaded):
     assert run.scores["jpeg-k8-int8"].kld.shape == (2, 48) and len(run.scored_tokens) == 48
 
 
+def test_tiers_split_over_several_batches_score_as_in_one(loaded, monkeypatch):
+    """When memory allows fewer caches per batch (lockstep.stack_size), later batches reuse the native reference."""
+    tiers = ["png", "turbo-4", "jpeg-k2"]
+    together = {r.tier: r for r in measure_quality(loaded, tiers, windows=2, length=64).rows}
+    monkeypatch.setattr("codeckv.measure.quality.stack_size", lambda *args: 2)  # [native, png], [turbo-4, jpeg-k2]
+    seen = []
+    split = measure_quality(loaded, tiers, windows=2, length=64, progress=lambda done, total, _: seen.append(total))
+    assert set(seen) == {2 * 32}, "two batches of 32 scored positions"
+    for row in split.rows:
+        assert row.archive_bytes == together[row.tier].archive_bytes
+        assert row.kld == pytest.approx(together[row.tier].kld, abs=1e-6), row.tier
+        assert row.delta_nll_pct == pytest.approx(together[row.tier].delta_nll_pct, abs=1e-4), row.tier
+    assert {r.tier: r.kld for r in split.rows}["png"] == 0.0
+
+
 def test_quality_cli_writes_csv(tmp_path, capsys):
     out = tmp_path / "q.csv"
     charts = tmp_path / "charts"

@@ -68,7 +68,7 @@ def measure_quality(
     text: str | None = None,
     progress: Progress | None = None,
 ) -> QualityRun:
-    """Native once, then each tier, on `windows` windows of `length` tokens of `text` or of the named source."""
+    """Native and each tier in lockstep, on `windows` windows of `length` tokens of `text` or of the named source."""
     tiers = [as_tier(t) for t in tiers]
     if not tiers:
         raise ValueError("choose at least one tier")
@@ -94,7 +94,8 @@ def measure_quality(
     reference, scores, caches = None, {}, {}
     for group in groups:
         built = [make_cache(loaded, tier) for tier in group]
-        reference, got = lockstep(loaded.model, data, built, prefix, reference, step(", ".join(t.name for t in group)))
+        names = f"{len(group)} caches in one batch, {group[0].name} to {group[-1].name}" if group[1:] else group[0].name
+        reference, got = lockstep(loaded.model, data, built, prefix, reference, step(names))
         for tier, cache, tier_scores in zip(group, built, got):
             scores[tier.name], caches[tier.name] = tier_scores, cache
     rows = [_row(tier, reference, scores[tier.name], caches[tier.name], label, windows, length) for tier in runs]

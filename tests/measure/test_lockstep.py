@@ -30,10 +30,18 @@ def test_png_is_exactly_native_and_a_lossy_tier_is_not(tiny_gemma3, windows):
     assert lossy.kld.mean > 0 and lossy.kld.se > 0
 
 
-def test_a_stacked_batch_scores_each_cache_as_it_scores_alone(tiny_gemma3, windows):
+@pytest.fixture
+def two_threads():
+    """CPU attention splits its work by batch with 2 threads: the case a shared attention call would change."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_stacked_batch_scores_each_cache_as_it_scores_alone(tiny_gemma3, windows, two_threads):
     """Attention runs per cache, so a cache's place in the batch changes nothing, and scoring it alone changes
     only the matrix products' rounding at another batch size (~1e-6)."""
-    torch.set_num_threads(2)  # CPU attention splits its work by batch: what a shared attention call would change
     names = ["turbo-4", "jpeg-k2", "int8"]
     reference, together = lockstep(tiny_gemma3, windows, _caches(tiny_gemma3, "native", *names))
     _, reversed_order = lockstep(tiny_gemma3, windows, _caches(tiny_gemma3, "native", *names[::-1]))
