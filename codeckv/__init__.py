@@ -34,6 +34,7 @@ _HOMES = {
     "LoadedModel": "codeckv.models",
     "ModelUnavailableError": "codeckv.models",
     "load_model": "codeckv.models",
+    "StackedCache": "codeckv.stacked",
     "TIERS": "codeckv.tiers",
     "Tier": "codeckv.tiers",
     "as_tier": "codeckv.tiers",
