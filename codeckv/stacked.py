@@ -5,8 +5,8 @@
     use_codec_attention(model)                          # codeckv.load_model has done it already
     model(input_ids=ids.repeat(3, 1), cache=stacked)    # every cache sees its own copy of the same tokens
 
-On a CPU a small model's decode step is bound by reading its weights, so feeding 14 caches in one
-batch costs about two single-cache forwards instead of 14 (measure/lockstep.py, README "Measuring").
+On a CPU a small model's decode step is bound by reading its weights, so one forward of many caches
+costs far less than one forward each (measure/lockstep.py; the README, "Tiers and what they cost", times it).
 
 Each layer of the stack hands every member its own `rows` rows of the new keys and values and
 returns shape-only "meta" tensors tagged with the members' outputs. codeckv.attention then runs
@@ -82,5 +82,3 @@ class StackedCache(Cache):
             raise ValueError(f"the caches must have the same, known number of layers (build them from the model's "
                              f"config), got {sorted(depths)}")
         super().__init__(layers=[StackedLayer(list(members), rows) for members in zip(*(c.layers for c in caches))])
-        self.caches = caches
-        self.rows = rows
