@@ -34,6 +34,7 @@ import torch
 from transformers import Cache, PreTrainedModel
 
 from codeckv.attention import use_codec_attention
+from codeckv.models import ModelInfo
 from codeckv.stacked import StackedCache
 
 OnStep = Callable[[], None]
@@ -147,16 +148,15 @@ def lockstep(
     return reference, [Scores(*(values[index] for values in per_cache)) for index in range(len(caches))]
 
 
-def stack_size(config, windows: int, tokens: int, budget: int = STACK_BYTES) -> int:
+def stack_size(info: ModelInfo, windows: int, tokens: int, budget: int = STACK_BYTES) -> int:
     """How many caches of `windows` rows x `tokens` tokens one lockstep call may feed together (at least 1).
 
-    Counted as raw KV of every attention layer at 4 bytes per value, twice (a decoded view grows ahead of
-    its tokens; a DynamicCache copies itself on every step): an upper bound for every tier.
+    Counted as raw KV of every attention layer in the model's dtype, twice (a decoded view grows ahead
+    of its tokens; a DynamicCache copies itself on every step): an upper bound for every tier.
     """
-    text = config.get_text_config(decoder=True)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    per_cache = 2 * windows * tokens * text.num_hidden_layers * text.num_key_value_heads * 2 * head_dim * 4
-    return max(1, budget // per_cache)
+    element = torch.empty((), dtype=getattr(torch, info.dtype)).element_size()
+    per_token = len(info.layer_types) * info.num_kv_heads * 2 * info.head_dim * element  # K and V, every layer
+    return max(1, budget // (2 * windows * tokens * per_token))
 
 
 def kl_divergence(native_logprobs: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:

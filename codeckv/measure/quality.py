@@ -77,7 +77,7 @@ def measure_quality(
                         length + 1, "the text" if text is not None else f"the {source}")
     runs = [get_tier("native"), *(t for t in tiers if not t.is_native)]  # native first: the reference
     prefix = (length + 1) // 2
-    size = stack_size(loaded.model.config, windows, length + 1)
+    size = stack_size(loaded.info, windows, length + 1)
     groups = [runs[i : i + size] for i in range(0, len(runs), size)]
     total = len(groups) * (length - prefix)  # one forward per scored position, per stacked group
     done = 0

@@ -1,6 +1,7 @@
 """Distribution metrics on a tiny model: png is exactly native (KLD 0, top-1 100%), a lossy tier is not; caches
 fed together in one stacked batch score as they do alone; the spread over windows is the standard error."""
 
+import dataclasses
 import math
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 from codeckv.cache import make_cache
 from codeckv.measure.lockstep import compare, kl_divergence, lockstep, spread, stack_size
+from codeckv.models import ModelInfo
 
 
 @pytest.fixture
@@ -53,10 +55,12 @@ def test_a_stacked_batch_scores_each_cache_as_it_scores_alone(tiny_gemma3, windo
         assert torch.allclose(stacked.kld, alone.kld, atol=1e-6, rtol=0), name
 
 
-def test_stack_size_bounds_the_kv_of_a_batch(tiny_gemma3):
-    config = tiny_gemma3.config  # 6 layers x 1 KV head x 64 dims: 3 KiB of fp32 K+V per token, 6 KiB counted
-    assert stack_size(config, 2, 512, budget=6 * 1024 * 1024 * 3) == 3
-    assert stack_size(config, 8, 4096, budget=1) == 1
+def test_stack_size_bounds_the_kv_of_a_batch():
+    info = ModelInfo("tiny", "test", ["full_attention"] * 6, num_kv_heads=1, head_dim=64, dtype="float32",
+                     device="cpu", max_context=256, load_seconds=0.0)  # 3 KiB of K+V per token, 6 KiB counted
+    assert stack_size(info, 2, 512, budget=6 * 1024 * 1024 * 3) == 3
+    assert stack_size(dataclasses.replace(info, dtype="bfloat16"), 2, 512, budget=6 * 1024 * 1024 * 3) == 6
+    assert stack_size(info, 8, 4096, budget=1) == 1
 
 
 def test_kl_divergence_matches_its_definition():
