@@ -64,6 +64,7 @@ from codeckv.service import (
     sweep_request,
     sweep_token_kld,
 )
+from codeckv.sessions import IDLE
 from codeckv.tiers import TIERS
 from kernels import backend_name
 
@@ -108,7 +109,7 @@ def guarded(handler):
 
 @gpu(duration=chat_gpu_seconds)
 @guarded
-def chat_turn(message, document, upload, model_name, tier_name, max_new_tokens, materialization_free, *rest):
+def chat_turn(message, document, upload, model_name, tier_name, max_new_tokens, decoded_view, *rest):
     """Stream one turn in both panels; both caches see the same conversation (the native replies)."""
     *advanced, session = rest
     session = session if isinstance(session, ChatSession) else ChatSession()
@@ -119,7 +120,8 @@ def chat_turn(message, document, upload, model_name, tier_name, max_new_tokens, 
     user, shown = with_document(message, one_of(document, "document", DOCUMENTS) if document else None, upload)
     try:
         with POOL.lease(model_name) as loaded:
-            turn = chat_stream(loaded, session, user, shown, tier, max_new_tokens, bool(materialization_free), limits)
+            on_codes = False if decoded_view is True else None  # None: on the codes wherever the tier allows
+            turn = chat_stream(loaded, session, user, shown, tier, max_new_tokens, on_codes, limits)
             for native, codec, native_stats, codec_stats in turn:
                 yield native, codec, native_stats, codec_stats, "", None, None, session
     finally:
@@ -138,6 +140,7 @@ def clear_chat(session):
     """Forget the conversation and release both caches."""
     if isinstance(session, ChatSession):
         session.clear()
+        IDLE.forget(session)
     release_memory()
     return [], [], "", "", session
 
@@ -242,6 +245,7 @@ def release_session(session) -> None:
     """The browser tab closed (or the session expired): drop its caches."""
     if isinstance(session, ChatSession):
         session.clear()
+        IDLE.forget(session)
 
 
 MODELS = POOL.allowed() or [DEFAULT_MODEL]
@@ -262,8 +266,9 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             tier_name = gr.Dropdown(CODEC_TIERS, value="turbo-4", label="codec tier", scale=2)
             max_tokens = gr.Slider(8, LIMITS.max_new_tokens, value=min(96, LIMITS.max_new_tokens), step=8,
                                    label="max new tokens", scale=2)
-            materialization_free = gr.Checkbox(
-                label="materialization-free: attention reads the stored codes, no decoded view", value=False, scale=1
+            decoded_view = gr.Checkbox(
+                label="keep a decoded view (opt-in; by default attention reads the stored codes)", value=False,
+                scale=1,
             )
         chat_advanced = advanced_settings()
         with gr.Accordion("Long document: ask about a text, so the archive holds most of the context", open=False):
@@ -352,7 +357,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
 
     demo.load(model_panel, model_name, [model_info, layer, head])
     model_name.change(model_panel, model_name, [model_info, layer, head])
-    chat_inputs = [message, document, upload, model_name, tier_name, max_tokens, materialization_free,
+    chat_inputs = [message, document, upload, model_name, tier_name, max_tokens, decoded_view,
                    *chat_advanced, session]
     chat_outputs = [native_chat, codec_chat, native_stats, codec_stats, message, document, upload, session]
     turns = [

@@ -216,6 +216,12 @@ class CodecLayer(DynamicLayer):
         b, h, _, d = self._view_k.shape
         return self._footprint(layer, b * h * (d + self._view_v.shape[3]), self._view_k.element_size(), view)
 
+    def held_bytes(self) -> int:
+        """Bytes of every tensor this layer owns now: archive buffers and the decoded view (nothing is flushed)."""
+        if self._view_k is None:
+            return self._stored()[2]
+        return self._stored()[2] + (self._view_k.numel() + self._view_v.numel()) * self._view_k.element_size()
+
     def _stored(self) -> tuple[int, int, int]:
         """(tokens archived, bytes stored for them, bytes allocated for them)."""
         allocated = self.archive_k.allocated_bytes + self.archive_v.allocated_bytes
@@ -388,6 +394,11 @@ class CodedLayer(CodecLayer):
                 setattr(self, name, tuple(t.repeat_interleave(repeats, dim=0) for t in pair))
         self.archive_k.repeat_batch(repeats)
         self.archive_v.repeat_batch(repeats)
+
+    def held_bytes(self) -> int:
+        """Bytes of every tensor this layer owns now: archive buffers and the raw sinks and tail (no flush)."""
+        pairs = [p for p in (self._sinks, self._tail) if p is not None]
+        return self._stored()[2] + sum(t.numel() * t.element_size() for p in pairs for t in p)
 
     def footprint(self, layer: int) -> LayerFootprint:
         """Bytes for the tokens held (design.md definitions); resident = archive buffers + raw tokens."""
