@@ -1,4 +1,4 @@
-"""What one request may cost on a public deployment, set by the operator through the environment.
+"""What one request (and all idle chat sessions together) may cost on a public deployment, set by the operator.
 
     limits = Limits.from_env()            # CODECKV_MAX_PROMPT_TOKENS, CODECKV_MAX_REQUEST_SECONDS, ...
     deadline = limits.deadline()          # deadline.check() raises BudgetExceeded once the time is up
@@ -35,6 +35,7 @@ class Limits:
     max_inspect_tokens: int = 2048  # the Inspect text (every layer's K and V is captured and drawn)
     max_sweep_tokens: int = 4096  # windows x tokens per window of a long-text sweep
     max_needle_tokens: int = 40_000  # prompt tokens of all the cells of a needle grid, summed
+    max_idle_mib: int = 4096  # caches all idle chat sessions hold together (codeckv/sessions.py); LRU past it
 
     @classmethod
     def from_env(cls) -> Limits:

@@ -26,6 +26,7 @@ from codeckv.formatting import (
     native_stats_markdown,
     progress_markdown,
     quality_table,
+    session_markdown,
     stopped_markdown,
     sweep_table,
 )
@@ -42,6 +43,7 @@ from codeckv.measure.sweep import as_dicts as sweep_dicts
 from codeckv.measure.table import write_csv, write_json
 from codeckv.models import LoadedModel
 from codeckv.plots import pareto_figure
+from codeckv.sessions import IDLE
 from codeckv.tiers import Tier
 from codeckv.zerogpu import MAX_SECONDS, estimate_seconds
 
@@ -168,20 +170,25 @@ def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str
     """
     deadline = limits.deadline()
     fits_model(tier, loaded.info)
-    turn = session.ask(loaded, user, tier, max_new_tokens, materialization_free, shown, limits.max_prompt_tokens)
-    for update in turn:
-        native, codec = chat_panels(session, (shown, update.native.text, update.codec.text))
-        if deadline.passed:
-            last = session.stop()
-            budget = f" (its time budget of {limits.max_request_seconds} s ran out)"
-            native, codec = chat_panels(session)
-            yield native, codec, stopped_markdown(last, "native") + budget, stopped_markdown(last, "codec") + budget
-            return
-        if update.result is None:
-            waiting = progress_markdown(update)
-            yield native, codec, waiting, waiting
-        else:
-            yield native, codec, native_stats_markdown(update.result), codec_stats_markdown(update.result)
+    IDLE.busy(session)  # not evictable while this turn runs
+    try:
+        turn = session.ask(loaded, user, tier, max_new_tokens, materialization_free, shown, limits.max_prompt_tokens)
+        for update in turn:
+            native, codec = chat_panels(session, (shown, update.native.text, update.codec.text))
+            if deadline.passed:
+                last = session.stop()
+                budget = f" (its time budget of {limits.max_request_seconds} s ran out)"
+                native, codec = chat_panels(session)
+                yield native, codec, stopped_markdown(last, "native") + budget, stopped_markdown(last, "codec") + budget
+                return
+            if update.result is None:
+                waiting = progress_markdown(update)
+                yield native, codec, waiting, waiting
+            else:
+                note = session_markdown(session, update.result)
+                yield native, codec, native_stats_markdown(update.result), note + codec_stats_markdown(update.result)
+    finally:
+        IDLE.rest(session, limits.max_idle_mib)  # between turns: at rest, and all idle sessions bounded
 
 
 def inspect_request(loaded: LoadedModel, prompt: str, tier: Tier, layer, head, which,

@@ -4,6 +4,7 @@
     for update in session.ask(loaded, "What is a KV cache?", "turbo-4", max_new_tokens=96):
         show(update.native.text, update.codec.text)
     session.exchanges                  # every finished turn: the user's message, the native and codec replies
+    session.rest()                     # between turns: hold both caches at rest; the bytes they hold
     session.release()                  # drop both caches (Clear, or the browser tab closed)
 
 The conversation continues with the native replies, so both caches always see the same conversation.
@@ -11,7 +12,8 @@ Every turn renders it with the chat template and prefills only the tokens after 
 prefix with what the caches hold: both hold the prompts and the native replies (measure/side_by_side.py
 feeds the native reply into the codec cache after its own), so turn N costs its new tokens, not the
 whole conversation again. Another model, tier or setting, or a turn that did not finish (stopped,
-failed), starts again from empty caches.
+failed), starts again from empty caches, and so does a session whose idle caches were evicted to keep
+the memory of all idle sessions bounded (codeckv/sessions.py): `notice` then says why.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from codeckv.cache import held_bytes
 from codeckv.generate import stop_token_ids
 from codeckv.measure.runs import NATIVE, Update
 from codeckv.measure.side_by_side import Run, prompt_ids, rewind, stream_turn
@@ -57,6 +60,17 @@ class ChatSession:
         self.last: Update | None = None  # the latest streamed state of the current turn
         self.asking: tuple[str, str] | None = None  # (user, shown) of the turn in progress
         self.in_turn = False
+        self.evicted: str | None = None  # why the caches were released while idle (the next turn re-prefills)
+        self.notice: str | None = None  # what the current turn's stats should say about the session's caches
+
+    def rest(self) -> int:
+        """Between turns: what both caches hold (attention on the codes keeps only the archive and raw tokens)."""
+        return sum(held_bytes(run.cache) for run in self.runs)
+
+    def evict(self, why: str) -> None:
+        """Release both caches of this idle session to free memory; its next turn prefills again and says `why`."""
+        self.release()
+        self.evicted = why
 
     def release(self) -> None:
         """Drop both caches (the exchanges stay: the next turn prefills the conversation again)."""
@@ -87,7 +101,7 @@ class ChatSession:
         return last
 
     def ask(self, loaded: LoadedModel, user: str, tier: Tier | str, max_new_tokens: int = 96,
-            materialization_free: bool = False, shown: str | None = None,
+            materialization_free: bool | None = None, shown: str | None = None,
             max_prompt_tokens: int | None = None) -> Iterator[Update]:
         """One turn: `user` after the conversation so far; the exchange is kept when the turn finishes."""
         self.asking, update = (user, shown or user), None
@@ -105,14 +119,15 @@ class ChatSession:
         messages: list[dict],
         tier: Tier | str,
         max_new_tokens: int = 96,
-        materialization_free: bool = False,
+        materialization_free: bool | None = None,
         stop_at_eos: bool = True,
         max_prompt_tokens: int | None = None,
     ) -> Iterator[Update]:
         """One turn on `messages` (the whole conversation, ending with the user's message), streamed."""
         tier = as_tier(tier)
         ids = prompt_ids(loaded, messages, max_new_tokens, max_prompt_tokens)
-        setup = (loaded.info.name, tier, bool(materialization_free))
+        setup = (loaded.info.name, tier, materialization_free)
+        self.notice, self.evicted = self.evicted, None
         if setup != self.setup or self.in_turn:
             self.release()
             self.setup = setup
