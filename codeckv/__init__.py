@@ -6,6 +6,8 @@
     loaded.model.generate(input_ids, cache=cache, max_new_tokens=64)
     print(cache.footprint().ratio)                          # archive bytes / bf16 cache bytes
     cache = make_cache(loaded, "pca-8x")                    # PCA tiers: calibrated once per model, cached on disk
+    cache.save("chat.kvc", token_ids, loaded)               # a versioned safetensors file (codeckv/saved.py)
+    saved = load_cache("chat.kvc", loaded)                  # .cache goes on where it was saved, .token_ids
 
 The names below are imported on first use (PEP 562), so that `kernels`, which reads the codecs'
 row layouts from `codeckv.codecs.layout`, can be imported without importing the cache that uses it.
@@ -40,6 +42,9 @@ _HOMES = {
     "as_tier": "codeckv.tiers",
     "custom_tier": "codeckv.tiers",
     "get_tier": "codeckv.tiers",
+    "SavedCache": "codeckv.saved",
+    "SavedCacheError": "codeckv.saved",
+    "load_cache": "codeckv.saved",
 }
 __all__ = sorted(_HOMES)
 

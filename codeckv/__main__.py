@@ -1,4 +1,4 @@
-"""Command line: python -m codeckv quality|sweep|needle|inspect|memory|prefill|latency ...
+"""Command line: python -m codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size ...
 
 Tables on stdout; CSV, JSON and HTML files.
 """
@@ -255,6 +255,36 @@ def _latency(args: argparse.Namespace) -> None:
     print(f"wrote {write_csv(rows, out)}")
 
 
+def _saved_size(args: argparse.Namespace) -> None:
+    from dataclasses import asdict
+
+    import torch
+
+    from codeckv.measure.saved_size import saved_size_table
+    from codeckv.measure.table import format_table, write_csv
+    from codeckv.models import load_model
+    from codeckv.tiers import TIERS, get_tier
+
+    tiers = [get_tier(name) for name in args.tiers] if args.tiers else [t for t in TIERS.values() if not t.is_native]
+    loaded = load_model(args.model)
+    name = loaded.info.name.replace("/", "_")
+    with tqdm(total=len(tiers), desc="saved-size") as bar:
+
+        def progress(message: str) -> None:
+            bar.set_postfix_str(message)
+            bar.update(1)
+
+        rows = [asdict(r) for r in saved_size_table(loaded, tiers, args.context, Path(args.files or
+                                                    f"out/saved-size-{name}"), progress=progress)]
+    print(format_table(rows, ["tier", "tokens", "native_bytes", "view_held_bytes", "rest_held_bytes",
+                              "rest_over_native", "restore_ms", "file_bytes", "overhead_bytes", "file_over_archive",
+                              "within_target", "load_ms", "resume_exact"]))
+    print(f"{loaded.info.device}, {loaded.info.dtype}, {torch.get_num_threads()} threads: a {args.context}-token "
+          "corpus prompt + 8 teacher-forced tokens; restore_ms median of 3; target file <= archive x 1.01 + 4 KiB")
+    out = args.out or f"assets/saved-size-{name}.csv"
+    print(f"wrote {write_csv(rows, out)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m codeckv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -325,6 +355,14 @@ def main(argv: list[str] | None = None) -> int:
     latency.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
     latency.add_argument("--out", help="CSV path (default assets/latency-<model>.csv)")
     latency.set_defaults(run=_latency)
+
+    saved = sub.add_parser("saved-size", help="per tier: bytes at rest, view rebuild time, saved file vs archive")
+    saved.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
+    saved.add_argument("--context", type=int, default=2048, help="prefilled corpus tokens (default 2048)")
+    saved.add_argument("--tiers", nargs="*", help="tier names (default: every codec tier)")
+    saved.add_argument("--files", help="folder for the saved cache files (default out/saved-size-<model>)")
+    saved.add_argument("--out", help="CSV path (default assets/saved-size-<model>.csv)")
+    saved.set_defaults(run=_saved_size)
 
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

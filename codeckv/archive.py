@@ -29,6 +29,15 @@ class Archive:
         self._shape: tuple[int, int, int, int] | None = None  # (B, H, tokens, D) template
         self._dtype: torch.dtype | None = None
 
+    @classmethod
+    def holding(cls, enc: Encoded, tight: bool = False) -> Archive:
+        """An archive whose buffers are enc's own tensors (exact size, no copy): a loaded cache (codeckv/saved.py)."""
+        archive = cls(tight)
+        archive._buffers = dict(enc.data)
+        archive._rows = {name: t.shape[2] for name, t in enc.data.items()}
+        archive.tokens, archive._shape, archive._dtype = enc.shape[2], enc.shape, enc.dtype
+        return archive
+
     def append(self, enc: Encoded) -> None:
         """Store the archive of the next enc.shape[2] tokens after the ones already stored."""
         for name, tensor in enc.data.items():
@@ -64,6 +73,12 @@ class Archive:
         for name in self._rows:
             self._rows[name] = self._rows[name] * tokens // self.tokens
         self.tokens = tokens
+
+    def trim(self) -> None:
+        """Drop the capacity slack: every buffer becomes an exact-size copy of its used rows (a cache at rest)."""
+        for name, buf in self._buffers.items():
+            if buf.shape[2] != self._rows[name]:
+                self._buffers[name] = buf[:, :, : self._rows[name]].clone()
 
     def select_batch(self, indices: torch.Tensor) -> None:
         """Reorder / select batch rows (beam search): index dim 0 of every buffer."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 
 import torch
 from transformers.cache_utils import (
@@ -112,6 +113,32 @@ class CodecCache(Cache):
         Batched across layers (codeckv/flush.py).
         """
         flush_layers([layer for layer in self.layers if isinstance(layer, CodecLayer)])
+
+    def compact(self) -> None:
+        """Hold the cache at rest: each codec layer keeps its archive and raw tokens only, no decoded view.
+
+        Native layers (sliding window) stay as they are. restore(), or the next forward, rebuilds the views.
+        """
+        self.flush()
+        for layer in self.layers:
+            if isinstance(layer, CodecLayer):
+                layer.compact()
+
+    def restore(self) -> float:
+        """Rebuild the decoded views of a cache at rest, bit for bit: the seconds it took (0.0 if none was at rest)."""
+        start = time.perf_counter()
+        rebuilt = sum(layer.restore() for layer in self.layers if isinstance(layer, CodecLayer))
+        return time.perf_counter() - start if rebuilt else 0.0
+
+    def save(self, path, token_ids, model=None, extra=None) -> int:
+        """Write the cache and the ids of the tokens it holds to `path` (codeckv/saved.py): the file's bytes.
+
+        model: the LoadedModel (or transformers model) it belongs to, recorded and checked; extra: app JSON.
+        Load it back with codeckv.load_cache(path, loaded).
+        """
+        from codeckv.saved import save_cache  # saved.py builds CodecCaches itself
+
+        return save_cache(self, path, token_ids, model, extra)
 
     def set_left_padding(self, attention_mask: torch.Tensor) -> None:
         """Tell the codec layers which leading positions of each row are padding ((B, T) mask, 0 = pad).

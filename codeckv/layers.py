@@ -15,6 +15,11 @@ the archive. A unit is lcm(key block, value block, MIN_ARCHIVE_TOKENS) tokens.
 - CodedLayer keeps no view: its update() returns shape-only "meta" tensors tagged with the layer and
   codeckv.attention runs kernels.decode_attention on its segments (the stored codes, the raw tokens).
 
+At rest (`compact()`, e.g. an idle chat session) a layer keeps only what cannot be rebuilt: the archive,
+exact-size, and its raw tokens (RawTokens); `restore()`, or the next update, decodes the archive into
+the view again, bit for bit as before. `export_state()` / `load_state()` hand that same content to and
+from a file (codeckv/saved.py).
+
 Encoding and decoding go through kernels.encode / kernels.decode: the Triton kernels on CUDA when the
 codec's row layout allows, the codec's own torch code elsewhere. Buffers are inference-mode tensors.
 """
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -37,6 +44,31 @@ from kernels.ops import Coded, Raw, Segment, decode, decode_attention
 MIN_ARCHIVE_TOKENS = 8
 VIEW_GROWTH_TOKENS = 256  # the decoded view grows by at least this many tokens (25% beyond a long prompt)
 TAG = "codeckv_layer"  # attribute of the meta tensors a CodedLayer returns (codeckv.attention reads it)
+
+
+@dataclass
+class RawTokens:
+    """What a layer keeps at full precision besides its archive: sinks and raw tail, exact-size (B, H, n, D)."""
+
+    sink_keys: torch.Tensor
+    sink_values: torch.Tensor
+    tail_keys: torch.Tensor
+    tail_values: torch.Tensor
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"sink_keys": self.sink_keys, "sink_values": self.sink_values,
+                "tail_keys": self.tail_keys, "tail_values": self.tail_values}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    @property
+    def values_per_token(self) -> int:
+        """Numbers per token, keys and values of every row and head: B x H x (D + Dv)."""
+        b, h, _, d = self.sink_keys.shape
+        return b * h * (d + self.sink_values.shape[3])
 
 
 class CodecLayer(DynamicLayer):
@@ -62,6 +94,7 @@ class CodecLayer(DynamicLayer):
         self.archive_k, self.archive_v = Archive(), Archive()
         self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
         self._view_v: torch.Tensor | None = None
+        self._rest: RawTokens | None = None  # at rest (compact): the raw tokens, and no view
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
@@ -72,6 +105,7 @@ class CodecLayer(DynamicLayer):
         """Archive what became archivable, append the new (B, H, T, D) states raw, return the (B, H, S, D) views."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        self.restore()
         self.flush()
         new = key_states.shape[2]
         self._ensure_capacity(key_states, self.length + new)
@@ -175,6 +209,7 @@ class CodecLayer(DynamicLayer):
         Archived blocks past the new end are dropped; tokens of a partly cropped block return to the raw
         tail with their decoded values (exact for lossless tiers) and are archived again once complete.
         """
+        self.restore()
         if not self._shorten(tokens_to_remove):
             return
         kept = self._archived_after_crop()
@@ -189,6 +224,7 @@ class CodecLayer(DynamicLayer):
 
     @torch.inference_mode()
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.restore()
         if self._view_k is None:
             return
         indices = indices.to(self._view_k.device)
@@ -199,6 +235,7 @@ class CodecLayer(DynamicLayer):
 
     @torch.inference_mode()
     def batch_repeat_interleave(self, repeats: int) -> None:
+        self.restore()
         if self._view_k is None:
             return
         self._view_k = self._view_k.repeat_interleave(repeats, dim=0)
@@ -209,6 +246,9 @@ class CodecLayer(DynamicLayer):
 
     def footprint(self, layer: int) -> LayerFootprint:
         """Bytes for the tokens held, after archiving whatever is archivable (design.md definitions)."""
+        if self._rest is not None:  # at rest: the archive and the raw tokens, nothing else
+            rest = self._rest
+            return self._footprint(layer, rest.values_per_token, rest.sink_keys.element_size(), rest.nbytes)
         if self._view_k is None:
             return LayerFootprint(layer, "codec", True, 0, 0, 0, 0)
         self.flush()
@@ -217,10 +257,103 @@ class CodecLayer(DynamicLayer):
         return self._footprint(layer, b * h * (d + self._view_v.shape[3]), self._view_k.element_size(), view)
 
     def held_bytes(self) -> int:
-        """Bytes of every tensor this layer owns now: archive buffers and the decoded view (nothing is flushed)."""
-        if self._view_k is None:
-            return self._stored()[2]
-        return self._stored()[2] + (self._view_k.numel() + self._view_v.numel()) * self._view_k.element_size()
+        """Bytes of every tensor this layer owns now: archive buffers, the decoded view or, at rest, the raw tokens."""
+        held = self._stored()[2]
+        if self._rest is not None:
+            held += self._rest.nbytes
+        if self._view_k is not None:
+            held += (self._view_k.numel() + self._view_v.numel()) * self._view_k.element_size()
+        return held
+
+    def _raw_tokens(self) -> RawTokens:
+        """The sinks and the raw tail as exact-size tensors (copies from the view, or those kept at rest)."""
+        if self._rest is not None:
+            return self._rest
+        sinks, tail = min(self.length, self.tier.keep_first), slice(min(self.archived_upto, self.length), self.length)
+        k, v = self._view_k, self._view_v
+        return RawTokens(k[:, :, :sinks].clone(), v[:, :, :sinks].clone(), k[:, :, tail].clone(), v[:, :, tail].clone())
+
+    @torch.inference_mode()
+    def compact(self) -> None:
+        """Go to rest: keep the archive (exact size) and the raw tokens; drop the decoded view (restore rebuilds it)."""
+        if self._view_k is None:  # empty, or at rest already
+            return
+        self.flush()
+        self._rest = self._raw_tokens()
+        self._trim_archive()
+        self._view_k = self._view_v = None
+        self.keys, self.values = self.keys.to("meta"), self.values.to("meta")
+
+    @torch.inference_mode()
+    def restore(self) -> float:
+        """Rebuild the decoded view of a layer at rest, bit for bit as before: seconds taken (0.0 if not at rest)."""
+        if self._rest is None:
+            return 0.0
+        start, rest = time.perf_counter(), self._rest
+        b, h, _, d = rest.sink_keys.shape
+        capacity = self.length + VIEW_GROWTH_TOKENS
+        view_k = rest.sink_keys.new_empty((b, h, capacity, d))
+        view_v = rest.sink_values.new_empty((b, h, capacity, rest.sink_values.shape[3]))
+        sinks, tail = rest.sink_keys.shape[2], slice(min(self.archived_upto, self.length), self.length)
+        view_k[:, :, :sinks], view_v[:, :, :sinks] = rest.sink_keys, rest.sink_values
+        if self.archived_upto > self.tier.keep_first:
+            archived = slice(self.tier.keep_first, self.archived_upto)
+            view_k[:, :, archived], view_v[:, :, archived] = self._decode_archive(rest.sink_keys)
+        view_k[:, :, tail], view_v[:, :, tail] = rest.tail_keys, rest.tail_values
+        self._view_k, self._view_v, self._rest = view_k, view_v, None
+        self.keys, self.values = view_k[:, :, : self.length], view_v[:, :, : self.length]
+        if view_k.is_cuda:
+            torch.cuda.synchronize(view_k.device)
+        return time.perf_counter() - start
+
+    def _decode_archive(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every archived token decoded, (B, H, archived, D) keys and values in like's dtype."""
+        return decode(self.archive_k.encoded(), self.tier.key), decode(self.archive_v.encoded(), self.tier.value)
+
+    def _trim_archive(self) -> None:
+        self.archive_k.trim()
+        self.archive_v.trim()
+
+    def export_state(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        """What this layer stores: its raw tokens and archive as named exact-size tensors, and the counts that
+        place them (codeckv/saved.py writes them). The layer itself is left as it was (flushed)."""
+        self.flush()
+        tensors = dict(self._raw_tokens().tensors)
+        tensors.update(self._archive_tensors())
+        return tensors, {"length": self.length, "archived_upto": self.archived_upto}
+
+    def _archive_tensors(self) -> dict[str, torch.Tensor]:
+        if not self.archive_k.tokens:
+            return {}
+        pairs = (("keys", self.archive_k), ("values", self.archive_v))
+        return {f"{side}.{name}": t for side, archive in pairs for name, t in archive.encoded().data.items()}
+
+    @torch.inference_mode()
+    def load_state(self, tensors: dict[str, torch.Tensor], counts: dict[str, int]) -> None:
+        """Become, while empty, the layer that export_state described, at rest (codeckv/saved.py checked it)."""
+        if self.length:
+            raise ValueError("load_state(): the layer already holds tokens")
+        rest = RawTokens(tensors["sink_keys"], tensors["sink_values"], tensors["tail_keys"], tensors["tail_values"])
+        self.lazy_initialization(rest.sink_keys, rest.sink_values)
+        self.length, self.archived_upto = counts["length"], counts["archived_upto"]
+        b, h, _, d = rest.sink_keys.shape
+        meta = {"dtype": rest.sink_keys.dtype, "device": "meta"}
+        self.keys = torch.empty((b, h, self.length, d), **meta)
+        self.values = torch.empty((b, h, self.length, rest.sink_values.shape[3]), **meta)
+        self._load_archive(tensors, rest)
+        self._load_raw(rest)
+
+    def _load_archive(self, tensors: dict[str, torch.Tensor], rest: RawTokens) -> None:
+        archived = self.archived_upto - self.tier.keep_first
+        if archived <= 0:
+            return
+        for side, like in (("keys", rest.sink_keys), ("values", rest.sink_values)):
+            data = {name.split(".", 1)[1]: t for name, t in tensors.items() if name.startswith(f"{side}.")}
+            shape = (like.shape[0], like.shape[1], archived, like.shape[3])
+            setattr(self, f"archive_{side[0]}", Archive.holding(Encoded(data, shape, like.dtype), self.archive_k.tight))
+
+    def _load_raw(self, rest: RawTokens) -> None:
+        self._rest = rest
 
     def _stored(self) -> tuple[int, int, int]:
         """(tokens archived, bytes stored for them, bytes allocated for them)."""
@@ -264,6 +397,28 @@ class CodedLayer(CodecLayer):
         self.archive_k, self.archive_v = Archive(tight=True), Archive(tight=True)
         self._sinks: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, H, <= keep_first, D) raw
         self._tail: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [archived_upto, length) raw
+
+    @torch.inference_mode()
+    def compact(self) -> None:
+        """Already at rest (no view): only the archive's capacity slack goes."""
+        self.flush()
+        self._trim_archive()
+
+    def restore(self) -> float:
+        """Nothing to rebuild: attention reads the stored codes."""
+        return 0.0
+
+    def _raw_tokens(self) -> RawTokens:
+        """The sinks and the raw tail as they are held (empty (B, H, 0, D) tensors where there are none)."""
+        b, h, _, d = self.keys.shape
+        dv = self.values.shape[3]
+        none = (torch.empty((b, h, 0, d), dtype=self.dtype, device=self.device),
+                torch.empty((b, h, 0, dv), dtype=self.dtype, device=self.device))
+        return RawTokens(*(self._sinks or none), *(self._tail or none))
+
+    def _load_raw(self, rest: RawTokens) -> None:
+        self._sinks = (rest.sink_keys, rest.sink_values) if rest.sink_keys.shape[2] else None
+        self._tail = (rest.tail_keys, rest.tail_values) if rest.tail_keys.shape[2] else None
 
     @torch.inference_mode()
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):

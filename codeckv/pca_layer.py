@@ -8,6 +8,7 @@ decoded view that attention reads — with two differences:
   product (one sequence, or equal-length rows, starting at position 0); left-padded batches are not supported.
 - the archive is a list of entropy-coded chunks of `unit` tokens (bytes), not fixed-size code tensors;
   `footprint()` counts exactly those bytes. Flushing encodes, then decodes the stored streams into the view.
+  At rest (`compact()`) the layer keeps the chunks and its raw tokens only; restoring decodes the chunks again.
 
 Beam search (batch reordering) and the materialization-free mode are not supported.
 """
@@ -17,8 +18,9 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from codeckv.codecs.base import Encoded
 from codeckv.codecs.pca import Chunk, LayerCoder
-from codeckv.layers import MIN_ARCHIVE_TOKENS, CodecLayer
+from codeckv.layers import MIN_ARCHIVE_TOKENS, CodecLayer, RawTokens
 from codeckv.tiers import Tier
 
 
@@ -39,6 +41,7 @@ class PCALayer(CodecLayer):
         self.chunks: list[Chunk] = []  # one per `unit` archived tokens, in order
         self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
         self._view_v: torch.Tensor | None = None
+        self._rest: RawTokens | None = None  # at rest (compact): the raw tokens, and no view
 
     @torch.inference_mode()
     def flush(self) -> None:
@@ -58,9 +61,49 @@ class PCALayer(CodecLayer):
         held = sum(chunk.nbytes for chunk in self.chunks)
         return len(self.chunks) * self.unit, held, held
 
+    def _decode_archive(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.coder.decode(self.chunks, self.tier.keep_first, self.unit, like.shape[0], like.dtype)
+
+    def _trim_archive(self) -> None:
+        """Chunks are exact-size byte strings already."""
+
+    def _archive_tensors(self) -> dict[str, torch.Tensor]:
+        """The chunks' streams end to end (uint8), their lengths (int32), and each sink chunk's coded sink tokens."""
+        if not self.chunks:
+            return {}
+        streams = bytearray(b"".join(chunk.stream for chunk in self.chunks))
+        tensors = {
+            "streams": torch.frombuffer(streams, dtype=torch.uint8) if streams else torch.empty(0, dtype=torch.uint8),
+            "stream_lengths": torch.tensor([len(chunk.stream) for chunk in self.chunks], dtype=torch.int32),
+        }
+        for j, chunk in enumerate(self.chunks):
+            if chunk.sink:
+                for side, enc in zip(("keys", "values"), chunk.sink):
+                    tensors.update({f"sink{j}.{side}.{name}": t for name, t in enc.data.items()})
+        return tensors
+
+    def _load_archive(self, tensors: dict[str, torch.Tensor], rest: RawTokens) -> None:
+        """The chunks back from _archive_tensors (sink chunks: those whose rows start below the coder's sink_tokens)."""
+        count = max(self.archived_upto - self.tier.keep_first, 0) // self.unit
+        lengths = tensors["stream_lengths"].tolist() if count else []
+        data = tensors["streams"].numpy().tobytes() if count else b""
+        self.chunks, offset = [], 0
+        for j, length in enumerate(lengths):
+            rows = min(max(self.coder.sink_tokens - self.tier.keep_first - j * self.unit, 0), self.unit)
+            sink = None
+            if rows:
+                sink = tuple(
+                    Encoded({n.split(".", 2)[2]: t for n, t in tensors.items() if n.startswith(f"sink{j}.{side}.")},
+                            (like.shape[0], like.shape[1], rows, like.shape[3]), like.dtype)
+                    for side, like in (("keys", rest.sink_keys), ("values", rest.sink_values))
+                )
+            self.chunks.append(Chunk(data[offset : offset + length], sink))
+            offset += length
+
     @torch.inference_mode()
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last -tokens_to_remove tokens; chunks past the new end are dropped (CodecLayer.crop)."""
+        self.restore()
         if not self._shorten(tokens_to_remove):
             return
         kept = self._archived_after_crop()
