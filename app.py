@@ -2,7 +2,8 @@
 
 Tabs: Chat (native vs codec cache, streamed side by side, on a question or a long document), Inspect
 (KV heatmaps, DCT spectra, per-layer errors), Tier sweep (every tier on long text with error bars, or
-on one chat prompt), Needle (pass-key retrieval over lengths and depths).
+on one chat prompt), Needle (pass-key retrieval over lengths and depths), Memory (what each cache holds
+over a turn, against native, by context length).
 `python app.py` serves on $GRADIO_SERVER_NAME:$PORT (default 127.0.0.1:7860).
 """
 
@@ -46,6 +47,7 @@ from codeckv.service import (
     INSPECT_GPU_SECONDS,
     LONG_GPU_SECONDS,
     LONG_TEXT,
+    MEMORY_CONTEXTS,
     METRICS,
     NEEDLE_DEPTHS,
     NEEDLE_LENGTHS,
@@ -56,6 +58,7 @@ from codeckv.service import (
     chat_stream,
     fresh_stop,
     inspect_request,
+    memory_request,
     needle_cells,
     needle_request,
     needle_table,
@@ -202,6 +205,19 @@ def run_needle(lengths, depths, tiers, model_name, stop=None, progress=gr.Progre
         release_memory()
     path = write_csv(needle_dicts(grid.rows), REPORTS.fresh() / "needle.csv")
     return needle_figure(grid), needle_table(grid), str(path)
+
+
+@gpu(duration=LONG_GPU_SECONDS)
+@guarded
+def run_memory(contexts, tiers, new_tokens, model_name, stop=None, progress=gr.Progress()):  # noqa: B008
+    """Held, peak and at-rest bytes of native and every chosen tier over prompt lengths: charts, table, CSV."""
+    report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
+    try:
+        with POOL.lease(model_name) as loaded:
+            table, figures, rows = memory_request(loaded, contexts, tiers, new_tokens, report, stop=fresh_stop(stop))
+    finally:
+        release_memory()
+    return figures["held"], figures["peak"], table, str(write_csv(rows, REPORTS.fresh() / "memory.csv"))
 
 
 @guarded
@@ -355,6 +371,25 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         needle_answers = gr.Dataframe(label="answers", interactive=False, elem_id="needle-results")
         needle_csv = gr.File(label="download CSV")
 
+    with gr.Tab("Memory"):
+        gr.Markdown("What each cache really holds over a turn (prompt in 512-token chunks, then greedy tokens), "
+                    "measured now in this process from the tensors themselves: **held** at the end, the **peak** "
+                    "after any forward, and **at rest** between turns (a decoded view dropped). A tier runs on its "
+                    "stored codes where a kernel reads them, and with a decoded view. The process-wide peak of "
+                    "each turn, one fresh process per row: `python -m codeckv memory`.")
+        with gr.Row():
+            memory_contexts = gr.CheckboxGroup(list(MEMORY_CONTEXTS), value=[1024, 2048, 4096], label="prompt tokens")
+            memory_tokens = gr.Slider(1, 64, value=16, step=1, label="new tokens per turn")
+        memory_tiers = gr.CheckboxGroup(CODEC_TIERS, value=["turbo-4", "pca-8x"], label="tiers (beside native)")
+        with gr.Row():
+            memory_button = gr.Button("Measure memory", variant="primary", scale=4)
+            memory_stop = gr.Button("Stop", scale=1)
+        with gr.Row():
+            memory_held = gr.Plot(label="held vs context")
+            memory_peak = gr.Plot(label="peak held vs context")
+        memory_rows = gr.Dataframe(label="bytes per cache", interactive=False, elem_id="memory-results")
+        memory_csv = gr.File(label="download CSV")
+
     demo.load(model_panel, model_name, [model_info, layer, head])
     model_name.change(model_panel, model_name, [model_info, layer, head])
     chat_inputs = [message, document, upload, model_name, tier_name, max_tokens, decoded_view,
@@ -389,7 +424,9 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     kld_tier.change(sweep_token_kld, [sweep_state, kld_tier], token_kld, api_name=False)
     needle_button.click(run_needle, [needle_lengths, needle_depths, needle_tiers, model_name, stop_flag],
                         [needle_plot, needle_answers, needle_csv], api_name="needle")
-    for button in (sweep_stop, needle_stop):
+    memory_button.click(run_memory, [memory_contexts, memory_tiers, memory_tokens, model_name, stop_flag],
+                        [memory_held, memory_peak, memory_rows, memory_csv], api_name="memory")
+    for button in (sweep_stop, needle_stop, memory_stop):
         button.click(request_stop, stop_flag, None, queue=False, api_name=False)
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def _quality(args: argparse.Namespace) -> None:
     run = measure_quality(loaded, tiers, args.windows, args.length, args.source, text, progress)
     bar.close()
     rows = as_dicts(run.rows)
-    columns = ["tier", "ratio_vs_bf16", "steady_state_ratio", "kld", "kld_se", "top1_pct", "top1_se",
+    columns = ["tier", "ratio_vs_bf16", "steady_state_ratio", "held_bytes", "kld", "kld_se", "top1_pct", "top1_se",
                "delta_nll_pct", "delta_nll_se", "nll", "entropy_coded_bytes"]
     print(format_table(rows, columns))
     where = "a text file" if text is not None else f"the {args.source}"
@@ -186,17 +186,31 @@ def _prompt_arguments(parser: argparse.ArgumentParser, without_prompt: str) -> N
 
 
 def _memory(args: argparse.Namespace) -> None:
-    from dataclasses import asdict
-
-    from codeckv.measure.memory import memory_table
+    from codeckv.measure.memory import beside_native, memory_row_isolated, modes_of
     from codeckv.measure.table import format_table, write_csv
-    from codeckv.models import load_model
+    from codeckv.plots import memory_figure
+    from codeckv.tiers import get_tier
 
-    loaded = load_model(args.model)
-    rows = [asdict(r) for r in memory_table(loaded, args.tiers, args.context, args.decode)]
-    print(format_table(rows))
-    out = args.out or f"assets/memory-{loaded.info.name.replace('/', '_')}-{args.context}.csv"
-    print(f"wrote {write_csv(rows, out)}")
+    tiers = [get_tier(name).name for name in args.tiers if name != "native"]  # unknown names fail first
+    plan = [(t, m, c) for c in args.contexts for t in ["native", *tiers] for m in modes_of(t)]
+    rows = []
+    with tqdm(total=len(plan), desc="memory", unit="turn") as bar:
+        for tier, mode, context in plan:
+            bar.set_postfix_str(f"{tier} ({mode}) at {context:,} tokens")
+            rows.append(memory_row_isolated(args.model, tier, mode, context, args.new_tokens))
+            bar.update(1)
+    table = beside_native(rows)
+    mib = [{**r, **{k: r[k] / 2**20 for k in ("held_bytes", "peak_held_bytes", "at_rest_bytes", "process_peak_bytes")}}
+           for r in table]
+    print(format_table(mib, ["context", "tier", "mode", "held_bytes", "held_vs_native", "peak_held_bytes",
+                             "at_rest_bytes", "process_peak_bytes", "process_peak_saving_of_native", "seconds"]))
+    print(f"MiB; one fresh process per row; {rows[0].process_peak_source}; {args.new_tokens} new tokens per turn")
+    name = (args.model or "smollm2-135m").replace("/", "_")
+    out = Path(args.out or f"assets/memory-{name}.csv")
+    figures = {"memory-held": memory_figure(table), "memory-process-peak": memory_figure(
+        table, "process_peak_bytes", "Process peak over the turn vs context")}
+    paths = _write_figures(figures, Path(args.charts or f"out/memory-{name}"))
+    print(f"wrote {write_csv(table, out)}, " + ", ".join(str(p) for p in paths))
 
 
 def _prefill(args: argparse.Namespace) -> None:
@@ -330,12 +344,15 @@ def main(argv: list[str] | None = None) -> int:
     needle.add_argument("--charts", help="folder for the heatmap (default out/needle-<model>)")
     needle.set_defaults(run=_needle)
 
-    memory = sub.add_parser("memory", help="archive vs resident bytes at a long context, with and without a view")
+    memory = sub.add_parser("memory", help="held, peak and at-rest bytes of each tier vs native over contexts")
     memory.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
-    memory.add_argument("--context", type=int, default=4096, help="prefilled corpus tokens (default 4096)")
-    memory.add_argument("--decode", type=int, default=16, help="decode steps after the prefill (default 16)")
-    memory.add_argument("--tiers", nargs="+", default=["jpeg-k8-int8", "turbo-4"], help="tier names")
-    memory.add_argument("--out", help="CSV path (default assets/memory-<model>-<context>.csv)")
+    memory.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
+                        help="prompt tokens (default 1024 2048 4096 8192 16384)")
+    memory.add_argument("--new-tokens", type=int, default=64, help="greedy tokens after the prompt (default 64)")
+    memory.add_argument("--tiers", nargs="+", default=["int8", "turbo-4", "turbo-3", "pca-8x", "pca-16x"],
+                        help="tier names (native always runs)")
+    memory.add_argument("--out", help="CSV path (default assets/memory-<model>.csv)")
+    memory.add_argument("--charts", help="folder for the charts (default out/memory-<model>)")
     memory.set_defaults(run=_memory)
 
     prefill = sub.add_parser("prefill", help="prefill + archiving the prompt vs native prefill, per tier (interleaved)")

@@ -67,11 +67,14 @@ def codec_stats_markdown(cmp: Comparison) -> str:
 
 
 def session_markdown(session, cmp: Comparison) -> str:
-    """A line before the codec stats when the session's caches were evicted while idle (empty otherwise)."""
-    if session.notice is None:
-        return ""
-    return (f"*This session's {session.notice}; this turn prefilled the conversation again "
-            f"({cmp.codec.prompt_tokens:,} tokens).*  \n")
+    """A line before the codec stats: the session's caches were evicted while idle, or rebuilt from their archive."""
+    if session.notice is not None:
+        return (f"*This session's {session.notice}; this turn prefilled the conversation again "
+                f"({cmp.codec.prompt_tokens:,} tokens).*  \n")
+    if session.restore_seconds:
+        return (f"*Held at rest between turns (archive and raw tokens only); the decoded view was rebuilt from the "
+                f"archive in {session.restore_seconds * 1000:.0f} ms.*  \n")
+    return ""
 
 
 def model_markdown(info: ModelInfo, backend: str) -> str:

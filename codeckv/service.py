@@ -5,6 +5,7 @@
     for native, codec, native_stats, codec_stats in chat_stream(loaded, session, user, shown, tier, 96, False, limits):
         ...
     figures, summary = inspect_request(loaded, text, tier, layer=3, head=1, which="K", limits=limits)
+    table, figures, rows = memory_request(loaded, ["1024", "4096"], ["turbo-4", "pca-8x"], 16, progress=cb)
 
 Every value is checked here or in codeckv/inputs.py before it reaches a loader, a loop or an
 allocation, and every request runs under the budgets of codeckv/limits.py; app.py only maps these
@@ -22,6 +23,7 @@ import plotly.graph_objects as go
 from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure
 from codeckv.formatting import (
     codec_stats_markdown,
+    human_bytes,
     inspect_summary,
     native_stats_markdown,
     progress_markdown,
@@ -34,6 +36,7 @@ from codeckv.inputs import fits_model, one_of, read_text_file, tier_names, user_
 from codeckv.limits import Deadline, Limits, StopFlag
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.inspect import inspect_tier
+from codeckv.measure.memory import beside_native, memory_rows, modes_of
 from codeckv.measure.needle import NeedleGrid, needle_grid
 from codeckv.measure.quality import QualityRun, measure_quality
 from codeckv.measure.quality import as_dicts as quality_dicts
@@ -42,7 +45,7 @@ from codeckv.measure.sweep import Sweep, sweep
 from codeckv.measure.sweep import as_dicts as sweep_dicts
 from codeckv.measure.table import write_csv, write_json
 from codeckv.models import LoadedModel
-from codeckv.plots import pareto_figure
+from codeckv.plots import memory_figure, pareto_figure
 from codeckv.sessions import IDLE
 from codeckv.tiers import Tier
 from codeckv.zerogpu import MAX_SECONDS, estimate_seconds
@@ -54,6 +57,7 @@ SOURCES = {"embedded corpus (Python reference)": "corpus", "held-out text (stdli
 METRICS = {"KL divergence": "kld", "ΔNLL": "delta_nll_pct"}
 NEEDLE_LENGTHS = (512, 1024, 2048, 4096, 8000)
 NEEDLE_DEPTHS = ("0%", "25%", "50%", "75%", "100%")
+MEMORY_CONTEXTS = (512, 1024, 2048, 4096, 8192)
 Progress = Callable[[int, int, str], None]
 
 
@@ -144,6 +148,28 @@ def needle_request(loaded: LoadedModel, lengths, depths, tiers, progress: Progre
     lengths, depths = needle_cells(lengths, depths, limits)
     tiers = tier_names(tiers, allow_native=False) if tiers else []
     return needle_grid(loaded, tiers, lengths, depths, until(limits.deadline(), progress, stop))
+
+
+def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: Progress | None = None,
+                   limits: Limits | None = None, stop: StopFlag | None = None) -> tuple[dict, dict, list]:
+    """Held, peak and at-rest bytes of native and every chosen tier over the chosen contexts: table, charts, rows."""
+    limits = limits or Limits.from_env()
+    if not isinstance(contexts, list | tuple) or not contexts:
+        raise ValueError("choose at least one context length")
+    contexts = sorted({int(one_of(str(n), "prompt tokens", map(str, MEMORY_CONTEXTS))) for n in contexts})
+    tiers = tier_names(tiers, allow_native=False) if tiers else []
+    new_tokens = whole(new_tokens, "new tokens", 1, min(64, limits.max_new_tokens))
+    turns = sum(len(modes_of(t)) for t in ["native", *tiers])
+    if sum(contexts) * turns > limits.max_memory_tokens:
+        raise ValueError(f"{turns} caches x {sum(contexts):,} prompt tokens = {sum(contexts) * turns:,} tokens, more "
+                         f"than the {limits.max_memory_tokens:,} allowed per request here: choose fewer")
+    rows = beside_native(memory_rows(loaded, tiers, contexts, new_tokens, until(limits.deadline(), progress, stop)))
+    headers = ["prompt tokens", "tier", "attention", "held", "× native held", "peak held", "at rest", "archive"]
+    data = [[r["context"], r["tier"], r["mode"], human_bytes(r["held_bytes"]), round(r["held_vs_native"], 3),
+             human_bytes(r["peak_held_bytes"]), human_bytes(r["at_rest_bytes"]), human_bytes(r["archive_bytes"])]
+            for r in rows]
+    figures = {"held": memory_figure(rows), "peak": memory_figure(rows, "peak_held_bytes", "Peak held over the turn")}
+    return {"headers": headers, "data": data}, figures, rows
 
 
 def needle_table(grid: NeedleGrid) -> dict:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from codeckv.cache import held_bytes
+from codeckv.cache import CodecCache, held_bytes
 from codeckv.generate import stop_token_ids
 from codeckv.measure.runs import NATIVE, Update
 from codeckv.measure.side_by_side import Run, prompt_ids, rewind, stream_turn
@@ -62,9 +62,13 @@ class ChatSession:
         self.in_turn = False
         self.evicted: str | None = None  # why the caches were released while idle (the next turn re-prefills)
         self.notice: str | None = None  # what the current turn's stats should say about the session's caches
+        self.restore_seconds = 0.0  # the current turn's rebuild of the decoded view from the archive (0: none)
 
     def rest(self) -> int:
-        """Between turns: what both caches hold (attention on the codes keeps only the archive and raw tokens)."""
+        """Between turns: hold each codec cache at rest (archive and raw tokens, no decoded view); the bytes held."""
+        for run in self.runs:
+            if isinstance(run.cache, CodecCache):
+                run.cache.compact()
         return sum(held_bytes(run.cache) for run in self.runs)
 
     def evict(self, why: str) -> None:
@@ -132,6 +136,7 @@ class ChatSession:
             self.release()
             self.setup = setup
             self.runs = [Run(loaded, NATIVE, get_tier(NATIVE)), Run(loaded, tier.name, tier, materialization_free)]
+        self.restore_seconds = sum(r.cache.restore() for r in self.runs if isinstance(r.cache, CodecCache))
         keep = min(common_prefix(self.held, ids[0].tolist()), ids.shape[1] - 1)  # always prefill a token
         for run in self.runs:
             rewind(loaded, run, ids, keep)
