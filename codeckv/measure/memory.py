@@ -9,6 +9,7 @@ materialized cache (archive + decoded view) and once materialization-free
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +32,12 @@ class MemoryRow:
 
 
 @torch.inference_mode()
-def memory_table(loaded: LoadedModel, tiers: list[str], context: int = 4096, decode_steps: int = 16) -> list[MemoryRow]:
-    """Footprint of each tier in both modes after a `context`-token prefill and `decode_steps` decode steps."""
+def memory_table(loaded: LoadedModel, tiers: list[str], context: int = 4096, decode_steps: int = 16,
+                 progress: Callable[[str], None] | None = None) -> list[MemoryRow]:
+    """Footprint of each tier in both modes after a `context`-token prefill and `decode_steps` decode steps.
+
+    progress(message) is called after each (tier, mode) run.
+    """
     ids = corpus_windows(loaded.tokenizer, 1, context + decode_steps)[0].to(loaded.model.device)
     rows = []
     for tier in tiers:
@@ -45,4 +50,6 @@ def memory_table(loaded: LoadedModel, tiers: list[str], context: int = 4096, dec
             mode = "materialization-free" if free else "materialized"
             rows.append(MemoryRow(tier, mode, context + decode_steps, fp.archive_bytes, fp.resident_bytes,
                                   fp.bf16_bytes, fp.resident_bytes / fp.archive_bytes))
+            if progress is not None:
+                progress(f"{as_tier(tier).name} {mode}")
     return rows
