@@ -69,7 +69,6 @@ from codeckv.service import (
 )
 from codeckv.sessions import IDLE
 from codeckv.tiers import TIERS
-from kernels import backend_name
 
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
 EXAMPLES = [line for line in (Path(__file__).parent / "assets" / "examples.txt").read_text().splitlines() if line]
@@ -225,7 +224,7 @@ def model_panel(model_name):
     """Load (once) the chosen model and describe it; slider ranges follow its shape."""
     info = POOL.get(model_name).info
     return (
-        model_markdown(info, backend_name()),
+        model_markdown(info),
         gr.update(maximum=len(info.layer_types) - 1),
         gr.update(maximum=info.num_kv_heads - 1),
     )

@@ -32,13 +32,14 @@ from transformers.cache_utils import (
 )
 
 from codeckv.calibration import Calibration, calibration_for
+from codeckv.codecs.layout import NoRowLayout
 from codeckv.flush import flush_layers
 from codeckv.footprint import Footprint, LayerFootprint
+from codeckv.kernel_ops import layout_of
 from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
 from codeckv.tiers import Tier, as_tier
-from kernels.layout import NoRowLayout, layout_of
 
 CODES, VIEW = "on the stored codes", "on a decoded view"  # CodecCache.attention
 

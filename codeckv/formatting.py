@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 
+from codeckv.backends import tier_backends
 from codeckv.footprint import Footprint
+from codeckv.kernel_ops import backend_name
 from codeckv.measure.runs import Comparison, Update
 from codeckv.models import ModelInfo
 
@@ -77,14 +79,20 @@ def session_markdown(session, cmp: Comparison) -> str:
     return ""
 
 
-def model_markdown(info: ModelInfo, backend: str) -> str:
-    """The model and backend panel."""
+def model_markdown(info: ModelInfo) -> str:
+    """The model and backend panel: the model, then per tier the path each kernel op takes and why."""
     sliding = f", {info.native_only_layers} native-only" if info.native_only_layers else ""
+    rows = "\n".join(
+        f"| {name} | {paths['encode']} | {paths['decode']} | {paths['attention']} |"
+        for name, paths in tier_backends(info.device, info.head_dim, info.dtype).items()
+    )
     return (
         f"**{info.name}** · {info.source} (loaded in {info.load_seconds} s) · {len(info.layer_types)} layers "
         f"({info.codec_layers} carry a codec{sliding}) · {info.num_kv_heads} KV heads × head_dim {info.head_dim} · "
-        f"{info.dtype} on {info.device} · kernels: {backend} · "
-        f"KV bytes/token of a bf16 cache: {info.kv_bytes_per_token_bf16:,}"
+        f"{info.dtype} on {info.device} · kernels: {backend_name(info.device)} · "
+        f"KV bytes/token of a bf16 cache: {info.kv_bytes_per_token_bf16:,}\n\n"
+        "| tier | encode (archiving a block) | decode (the decoded view) | attention on the codes "
+        "(materialization-free) |\n|---|---|---|---|\n" + rows
     )
 
 

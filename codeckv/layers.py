@@ -38,8 +38,8 @@ from codeckv.archive import Archive
 from codeckv.codecs.base import Encoded, slice_encoded
 from codeckv.flush import flush_layers
 from codeckv.footprint import LayerFootprint
+from codeckv.kernel_ops import Coded, Raw, Segment, decode, decode_attention
 from codeckv.tiers import Tier
-from kernels.ops import Coded, Raw, Segment, decode, decode_attention
 
 MIN_ARCHIVE_TOKENS = 8
 VIEW_GROWTH_TOKENS = 256  # the decoded view grows by at least this many tokens (25% beyond a long prompt)

@@ -137,6 +137,10 @@ def test_stop_keeps_the_partial_turn_and_says_so():
 def test_model_panel_describes_the_model():
     text, layers, heads = app.model_panel("smollm2-135m")
     assert "smollm2-135m" in text and "KV bytes/token of a bf16 cache: 23,040" in text
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "png stores integer deltas" in rows["png"], "the panel says why png's attention takes the reference"
+    assert "decode_attention_torch (no CUDA device)" in rows["turbo-4"]
+    assert "no kernel reads entropy-coded chunks" in rows["pca-8x"]
     assert layers["maximum"] == 29 and heads["maximum"] == 2
 
 
