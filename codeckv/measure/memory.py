@@ -130,8 +130,9 @@ def memory_row_isolated(model: str | None, tier: str, mode: str, context: int, n
     request = json.dumps({"model": model, "tier": tier, "mode": mode, "context": context, "new_tokens": new_tokens})
     done = subprocess.run([sys.executable, "-m", "codeckv.measure.memory", request], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2])
-    if done.returncode != 0:
-        raise RuntimeError(f"the {tier} ({mode}) row at {context} tokens failed: {done.stderr.strip()[-2000:]}")
+    if done.returncode != 0:  # the child's own one-line message (a model that cannot load, ...)
+        lines = done.stderr.strip().splitlines() or [f"the {tier} ({mode}) row at {context} tokens failed"]
+        raise RuntimeError(lines[-1].removeprefix("error: "))
     return MemoryRow(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -171,4 +172,8 @@ def _isolated(request: dict) -> MemoryRow:
 
 
 if __name__ == "__main__":
-    print(json.dumps(asdict(_isolated(json.loads(sys.argv[1])))))
+    try:
+        print(json.dumps(asdict(_isolated(json.loads(sys.argv[1])))))
+    except (ValueError, RuntimeError, OSError) as err:  # one line for the parent (ModelUnavailableError included)
+        print(f"error: {err}".splitlines()[0], file=sys.stderr)
+        sys.exit(1)

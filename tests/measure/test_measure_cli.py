@@ -30,8 +30,8 @@ def test_inspect_cli_writes_layers_and_charts(tmp_path):
 
 def test_outputs_default_to_out_never_assets(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["memory", "--context", "16", "--decode", "1", "--tiers", "int8"]) == 0
-    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.csv")] == ["out/memory-smollm2-135m-16.csv"]
+    assert main(["memory", "--contexts", "16", "--new-tokens", "1", "--tiers", "int8"]) == 0
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.csv")] == ["out/memory-smollm2-135m.csv"]
     assert "memory" in capsys.readouterr().err, "the progress bar goes to stderr"
 
 
@@ -39,8 +39,8 @@ def test_runtime_error_exits_1_with_one_line_and_usage_error_exits_2(capsys):
     assert main(["memory", "--model", "gpt-17"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: unknown model 'gpt-17'") and "Traceback" not in "\n".join(err)
-    assert main(["memory", "--context", "-3"]) == 2
-    assert "argument --context: -3 is below 1" in capsys.readouterr().err
+    assert main(["memory", "--contexts", "-3"]) == 2
+    assert "argument --contexts: -3 is below 1" in capsys.readouterr().err
 
 
 def test_offline_flag_switches_the_hub_off(monkeypatch, capsys):
