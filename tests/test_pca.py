@@ -65,7 +65,8 @@ def test_ans_round_trip_is_exact_with_escapes():
 
 
 def test_encode_many_writes_the_bytes_constriction_writes_for_each_chunk():
-    """The vectorized coder: byte for byte encode() of each chunk (escapes, mixed lengths, rows of any support)."""
+    """The vectorized coder: byte for byte encode() of each chunk (escapes, mixed lengths, rows of any support);
+    decode_many reads them back like decode."""
     g = torch.Generator().manual_seed(2)
     scale = torch.cat([torch.linspace(30, 0.05, 39), torch.tensor([300.0])])  # column 39: its table saturates
     table = EntropyTable.fit((torch.randn(5000, 40, generator=g) * scale).round().int())
@@ -75,6 +76,8 @@ def test_encode_many_writes_the_bytes_constriction_writes_for_each_chunk():
     streams = table.encode_many(chunks)
     assert streams == [table.encode(c) for c in chunks]
     assert all(torch.equal(table.decode(s, c.shape[0]), c) for s, c in zip(streams, chunks))
+    decoded = table.decode_many(streams, [c.shape[0] for c in chunks])  # vectorized where 8 or more share a length
+    assert all(torch.equal(d, c) for d, c in zip(decoded, chunks)), "decode_many must give every chunk's codes"
 
 
 def test_transform_inverse_is_exact_with_every_component_kept():

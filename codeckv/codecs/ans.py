@@ -4,6 +4,7 @@
     stream = table.encode(codes)                       # (m, r) int codes -> bytes (what the archive holds)
     streams = table.encode_many([codes, ...])          # many chunks at once: the same bytes, vectorized
     codes = table.decode(stream, m)                    # the exact (m, r) codes back
+    codes = table.decode_many(streams, [m, ...])       # many at once
 
 Column i codes symbols q + M_i for q in [-M_i, M_i] (M_i: a high quantile of |q_i| on calibration) and
 one escape symbol for anything outside, followed by the value itself in 16 bits. The coder is
@@ -16,7 +17,8 @@ constriction's lazy categorical model (`perfect=False`: float32 prefix sums scal
 count per symbol), computed once per table, and each step of the rANS stack coder (32-bit words, 64-bit
 state) runs over every stream at once. A chunk of 8 tokens of smollm2-135m is 8 x ~380 symbols, so a long
 prompt's hundreds of chunks per layer cost 3,000 numpy steps instead of hundreds of constriction calls that
-each rebuild a model per symbol. Streams stay independent: each still decodes on its own.
+each rebuild a model per symbol. Streams stay independent: each still decodes on its own. decode_many is
+the same in reverse (the symbol of a quantile: a binary search in the column's cumulatives).
 """
 
 from __future__ import annotations
@@ -170,6 +172,62 @@ class EntropyTable:
             codes[outside] = coder.decode(_ESCAPED, int(outside.sum())).astype(np.int64) - ESCAPE_RANGE // 2
         return torch.from_numpy(codes.astype(np.int32)).view(rows, self.columns)
 
+    def decode_many(self, streams: list[bytes], rows: list[int]) -> list[torch.Tensor]:
+        """Inverse of encode_many: streams of rows[i] code rows each -> (rows[i], r) int32 codes, as decode() gives."""
+        codes: list[torch.Tensor | None] = [None] * len(streams)
+        by_rows: dict[int, list[int]] = {}
+        for i, count in enumerate(rows):
+            by_rows.setdefault(count, []).append(i)
+        for count, members in by_rows.items():
+            if len(members) < VECTORIZED_STREAMS:
+                for i in members:
+                    codes[i] = self.decode(streams[i], count)
+                continue
+            decoded = self._decode_streams([streams[i] for i in members], count * self.columns)
+            for i, part in zip(members, decoded):
+                codes[i] = part.view(count, self.columns)
+        return codes
+
+    def _decode_streams(self, streams: list[bytes], length: int) -> torch.Tensor:
+        """S ANS streams of `length` symbols each -> (S, length) int32 codes (constriction's decoder, vectorized)."""
+        count = len(streams)
+        sizes = np.array([len(s) // 4 for s in streams])
+        words = np.zeros((count, int(sizes.max()) + 1), dtype=np.uint64)  # a zero column: "no word left"
+        for i, stream in enumerate(streams):
+            words[i, : sizes[i]] = np.frombuffer(stream, dtype=np.uint32)
+        everyone = np.arange(count)
+        nxt = sizes - 1  # the next word to read of each stream: the stack is read from its end
+        state = np.zeros(count, dtype=np.uint64)
+        for _ in range(2):  # the initial state: the last word, then one more while it fits below 2^32
+            take = (state < np.uint64(1 << WORD_BITS)) & (nxt >= 0)
+            state = np.where(take, (state << np.uint64(WORD_BITS)) | words[everyone, np.maximum(nxt, 0)], state)
+            nxt = nxt - take
+        low, frequency = self._fixed_point()
+        column = np.arange(length) % self.columns
+        symbols = np.empty((count, length), dtype=np.int64)
+        mask = np.uint64((1 << PRECISION) - 1)
+        for t in range(length):
+            quantile = state & mask
+            symbol = np.searchsorted(low[column[t]], quantile, side="right") - 1  # the interval holding quantile
+            symbols[:, t] = symbol
+            state, nxt = _pop(state, quantile, low[column[t], symbol], frequency[column[t], symbol], words, nxt)
+        offset = np.tile(self.offset.numpy(), length // self.columns)
+        outside = symbols == 2 * offset + 1
+        codes = symbols - offset
+        rows, places = np.nonzero(outside)  # the escaped values follow the symbols, in order
+        if rows.size:
+            rank = np.arange(rows.size) - np.searchsorted(rows, rows)
+            for k in range(int(rank.max()) + 1):
+                pick = rank == k
+                members = rows[pick]
+                quantile = state[members] & mask
+                value = quantile // np.uint64(ESCAPE_FREQUENCY)
+                state[members], nxt[members] = _pop(
+                    state[members], quantile, value * np.uint64(ESCAPE_FREQUENCY),
+                    np.full(members.size, ESCAPE_FREQUENCY, dtype=np.uint64), words[members], nxt[members])
+                codes[members, places[pick]] = value.astype(np.int64) - ESCAPE_RANGE // 2
+        return torch.from_numpy(codes.astype(np.int32))
+
     def state(self) -> dict[str, torch.Tensor]:
         """The tensors to save (torch.save with weights_only loading)."""
         return {"probs": self.probs, "offset": self.offset}
@@ -193,3 +251,18 @@ def _push(state: np.ndarray, cumulative: np.ndarray, frequency: np.ndarray, stre
         state[full] >>= np.uint64(WORD_BITS)
     prefix, remainder = np.divmod(state, frequency)
     return (prefix << np.uint64(PRECISION)) | (cumulative + remainder)
+
+
+def _pop(state: np.ndarray, quantile: np.ndarray, cumulative: np.ndarray, frequency: np.ndarray, words: np.ndarray,
+         nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One rANS decode step on every stream at once (AnsCoder.decode_symbol): the new states and next word indices.
+
+    words: (S, K + 1) each stream's words; a state that falls below 2^32 reads the word at nxt (when one is left).
+    """
+    state = (state >> np.uint64(PRECISION)) * frequency + (quantile - cumulative)
+    refill = np.flatnonzero((state < np.uint64(1 << WORD_BITS)) & (nxt >= 0))
+    if refill.size:
+        state[refill] = (state[refill] << np.uint64(WORD_BITS)) | words[refill, nxt[refill]]
+        nxt = nxt.copy()
+        nxt[refill] -= 1
+    return state, nxt

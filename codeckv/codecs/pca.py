@@ -147,10 +147,9 @@ class LayerCoder:
 
     def decode(self, chunks: list[Chunk], start: int, unit: int, batch: int, dtype: torch.dtype):
         """Inverse of encode: chunks of unit tokens from position start -> keys, values (B, H, S, D) in dtype."""
-        codes = []
-        for chunk in chunks:
-            rows = unit - (chunk.sink[0].shape[2] if chunk.sink else 0)
-            codes.append(self.table.decode(chunk.stream, batch * rows).view(batch, rows, self.kept))
+        rows = [unit - (chunk.sink[0].shape[2] if chunk.sink else 0) for chunk in chunks]
+        decoded = self.table.decode_many([chunk.stream for chunk in chunks], [batch * r for r in rows])
+        codes = [part.view(batch, r, self.kept) for part, r in zip(decoded, rows)]
         return self._reconstruct(torch.cat(codes, dim=1), [c.sink for c in chunks if c.sink], start, dtype)
 
     def _reconstruct(self, codes: torch.Tensor, sinks: list[tuple[Encoded, Encoded]], start: int,
