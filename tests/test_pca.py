@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 import codeckv.calibration as calibration
 from codeckv.cache import CodecCache, make_cache
-from codeckv.codecs.ans import LENGTH_BYTES, VECTORIZED_STREAMS, EntropyTable
+from codeckv.codecs.ans import DECODE_VECTORIZED, ENCODE_VECTORIZED, LENGTH_BYTES, EntropyTable
 from codeckv.codecs.pca import JointPCA
 from codeckv.pca_layer import PCALayer
 from codeckv.rope import Rope
@@ -70,13 +70,13 @@ def test_encode_many_writes_the_bytes_constriction_writes_for_each_chunk():
     g = torch.Generator().manual_seed(2)
     scale = torch.cat([torch.linspace(30, 0.05, 39), torch.tensor([300.0])])  # column 39: its table saturates
     table = EntropyTable.fit((torch.randn(5000, 40, generator=g) * scale).round().int())
-    chunks = list((torch.randn(3 * VECTORIZED_STREAMS, 8, 40, generator=g) * scale * 1.5).round().int())
+    chunks = list((torch.randn(DECODE_VECTORIZED, 8, 40, generator=g) * scale * 1.5).round().int())
     chunks[1][0, 0], chunks[1][5, 3], chunks[4][7, 39] = 32767, -32768, 4000  # escapes, two in one chunk
-    chunks += [chunks[2][:7]] + [c[:3] for c in chunks[: VECTORIZED_STREAMS]]  # fewer rows: constriction, numpy
+    chunks += [chunks[2][:7]] + [c[:3] for c in chunks[:ENCODE_VECTORIZED]]  # fewer rows: constriction; numpy
     streams = table.encode_many(chunks)
     assert streams == [table.encode(c) for c in chunks]
     assert all(torch.equal(table.decode(s, c.shape[0]), c) for s, c in zip(streams, chunks))
-    decoded = table.decode_many(streams, [c.shape[0] for c in chunks])  # vectorized where 8 or more share a length
+    decoded = table.decode_many(streams, [c.shape[0] for c in chunks])  # numpy for the 8-row chunks
     assert all(torch.equal(d, c) for d, c in zip(decoded, chunks)), "decode_many must give every chunk's codes"
 
 
@@ -127,16 +127,17 @@ def test_a_long_flush_stores_the_bytes_of_chunk_by_chunk_coding_and_views_what_t
     _, calib = tiny_model
     layer = PCALayer(TIERS["pca-8x"], calib.coders[2])
     g = torch.Generator().manual_seed(3)
-    k, v = torch.randn(batch, 1, 203, 64, generator=g), torch.randn(batch, 1, 203, 64, generator=g)
+    tokens = 8 * (ENCODE_VECTORIZED + 2)
+    k, v = torch.randn(batch, 1, tokens + 3, 64, generator=g), torch.randn(batch, 1, tokens + 3, 64, generator=g)
     layer.update(k, v)
     layer.flush()
-    assert len(layer.chunks) == 25 > VECTORIZED_STREAMS
-    codes = layer.coder.quantize(k[:, :, :200], v[:, :, :200], 0)  # (B, 200, r)
-    rows = [codes[:, max(i, 1) : i + 8].reshape(-1, layer.coder.kept) for i in range(0, 200, 8)]  # position 0: a sink
+    assert len(layer.chunks) == tokens // 8
+    codes = layer.coder.quantize(k[:, :, :tokens], v[:, :, :tokens], 0)  # (B, tokens, r)
+    rows = [codes[:, max(i, 1) : i + 8].reshape(-1, layer.coder.kept) for i in range(0, tokens, 8)]  # 0: a sink
     alone = [layer.coder.table.encode(r) for r in rows]
     assert [c.stream for c in layer.chunks] == alone
     k_hat, v_hat = layer.coder.decode(layer.chunks, 0, 8, batch, k.dtype)
-    assert torch.equal(layer.keys[:, :, :200], k_hat) and torch.equal(layer.values[:, :, :200], v_hat)
+    assert torch.equal(layer.keys[:, :, :tokens], k_hat) and torch.equal(layer.values[:, :, :tokens], v_hat)
 
 
 def test_archived_chunks_never_change_and_crop_drops_whole_chunks(tiny_model):
