@@ -140,7 +140,8 @@ class EntropyTable:
         outside = np.abs(codes) > offset
         symbols = np.where(outside, 2 * offset + 1, codes + offset)  # (S, L)
         column = np.arange(length) % self.columns
-        cumulative, frequency = (table[column, symbols] for table in self._fixed_point())  # (S, L) uint64 each
+        # (L, S) uint64 each: step t reads one contiguous row (a column of (S, L) would miss the cache per stream)
+        cumulative, frequency = (table[column[:, None], symbols.T] for table in self._fixed_point())
         state = np.zeros(count, dtype=np.uint64)
         owners: list[np.ndarray] = []  # the stream of every word written, in the order written
         words: list[np.ndarray] = []
@@ -156,7 +157,7 @@ class EntropyTable:
                                        members, owners, words)
         everyone = np.arange(count)
         for t in range(length - 1, -1, -1):  # encode_reverse: the last symbol first
-            state = _push(state, cumulative[:, t], frequency[:, t], everyone, owners, words)
+            state = _push(state, cumulative[t], frequency[t], everyone, owners, words)
         low_word, high_word = state & np.uint64(0xFFFFFFFF), state >> np.uint64(WORD_BITS)
         for keep, word in ((state > 0, low_word), (high_word > 0, high_word)):  # the final state, low word first
             owners.append(everyone[keep])
@@ -210,13 +211,14 @@ class EntropyTable:
             nxt = nxt - take
         low, frequency = self._fixed_point()
         column = np.arange(length) % self.columns
-        symbols = np.empty((count, length), dtype=np.int64)
+        symbols = np.empty((length, count), dtype=np.int64)  # (L, S): step t writes one contiguous row
         mask = np.uint64((1 << PRECISION) - 1)
         for t in range(length):
             quantile = state & mask
             symbol = np.searchsorted(low[column[t]], quantile, side="right") - 1  # the interval holding quantile
-            symbols[:, t] = symbol
+            symbols[t] = symbol
             state, nxt = _pop(state, quantile, low[column[t], symbol], frequency[column[t], symbol], words, nxt)
+        symbols = symbols.T  # (S, L)
         offset = np.tile(self.offset.numpy(), length // self.columns)
         outside = symbols == 2 * offset + 1
         codes = symbols - offset
