@@ -104,16 +104,20 @@ def calibration_for(loaded, tier: Tier | str, compute: bool = True) -> Calibrati
         return None
     path = calibration_path(loaded.info.name, tier.joint)
     if path not in _LOADED:
-        if path.exists():
-            _LOADED[path] = Calibration.load(path)
-        elif not compute:
+        if not path.exists() and not compute:
             raise ValueError(f"tier '{tier.name}' needs a calibration of {loaded.info.name}, and none is saved at "
                              f"{path}: run codeckv.calibration.calibration_for(loaded, '{tier.name}') once")
-        else:
-            ids = calibration_windows(loaded.tokenizer, tier.joint.calibration_windows, tier.joint.calibration_length)
-            calibration = calibrate(loaded.model, ids, tier.joint, loaded.info.name)
-            calibration.save(path)
-            _LOADED[path] = calibration
+        # Outside any caller's inference mode: tensors made in it could never enter autograd later (calibrate
+        # needs autograd, and a calibration read here is shared by the whole process).
+        with torch.inference_mode(False):
+            if path.exists():
+                _LOADED[path] = Calibration.load(path)
+            else:
+                windows, length = tier.joint.calibration_windows, tier.joint.calibration_length
+                calibration = calibrate(loaded.model, calibration_windows(loaded.tokenizer, windows, length),
+                                        tier.joint, loaded.info.name)
+                calibration.save(path)
+                _LOADED[path] = calibration
     return _LOADED[path]
 
 
@@ -129,7 +133,16 @@ def calibration_windows(tokenizer, windows: int, length: int) -> torch.Tensor:
 
 
 def calibrate(model, ids: torch.Tensor, spec: JointPCA, name: str = "model") -> Calibration:
-    """Compute the coders of every full-attention layer of `model` from (N, S) calibration token ids."""
+    """Compute the coders of every full-attention layer of `model` from (N, S) calibration token ids.
+
+    Runs outside inference mode, also when called inside one: the Fisher weights need autograd.
+    """
+    with torch.inference_mode(False):
+        return _calibrate(model, ids.clone(), spec, name)  # a clone: ids made in inference mode can't enter autograd
+
+
+def _calibrate(model, ids: torch.Tensor, spec: JointPCA, name: str) -> Calibration:
+    """calibrate, in normal (non-inference) mode on normal tensors."""
     start = time.perf_counter()
     config = model.config.get_text_config(decoder=True)
     rope = Rope.from_config(config)
@@ -171,7 +184,7 @@ def _capture(model, ids: torch.Tensor, rope: Rope) -> tuple[dict[int, torch.Tens
     if not rows:
         raise ValueError("the model has no full-attention layer: nothing for a PCA tier to calibrate")
     embed = model.get_input_embeddings()
-    with torch.inference_mode(False), torch.enable_grad():
+    with torch.enable_grad():
         for first in range(0, ids.shape[0], BATCH):
             batch = ids[first : first + BATCH].to(model.device)
             layers = [_CapturingLayer() if i in rows else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kw)

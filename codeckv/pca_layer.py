@@ -7,7 +7,8 @@ decoded view that attention reads — with two differences:
   so it needs each token's absolute position: its index in the cache. That holds for every path of this
   product (one sequence, or equal-length rows, starting at position 0); left-padded batches are not supported.
 - the archive is a list of entropy-coded chunks of `unit` tokens (bytes), not fixed-size code tensors;
-  `footprint()` counts exactly those bytes. Flushing encodes, then decodes the stored streams into the view.
+  `footprint()` counts exactly those bytes. Flushing encodes, and writes into the view what the stored streams
+  decode to, computed from the integer codes (LayerCoder.archive: the same bits, no entropy decoding).
   At rest (`compact()`) the layer keeps the chunks and its raw tokens only; restoring decodes the chunks again.
 
 Beam search (batch reordering) and the materialization-free mode are not supported.
@@ -45,14 +46,13 @@ class PCALayer(CodecLayer):
 
     @torch.inference_mode()
     def flush(self) -> None:
-        """Encode each complete chunk outside the sinks and the recent window; decode the stored bytes into the view."""
+        """Encode each complete chunk outside the sinks and the recent window; what they decode to goes in the view."""
         count = self._archivable()
         if count <= 0:
             return
         start = self.archived_upto
         keys, values = self._span(count)
-        chunks = self.coder.encode(keys, values, start, self.unit)
-        decoded = self.coder.decode(chunks, start, self.unit, keys.shape[0], keys.dtype)
+        chunks, decoded = self.coder.archive(keys, values, start, self.unit)
         self.chunks += chunks
         self._view_k[:, :, start : start + count], self._view_v[:, :, start : start + count] = decoded
         self.archived_upto += count

@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 import codeckv.calibration as calibration
 from codeckv.cache import CodecCache, make_cache
-from codeckv.codecs.ans import LENGTH_BYTES, EntropyTable
+from codeckv.codecs.ans import DECODE_VECTORIZED, ENCODE_VECTORIZED, LENGTH_BYTES, EntropyTable
 from codeckv.codecs.pca import JointPCA
 from codeckv.pca_layer import PCALayer
 from codeckv.rope import Rope
@@ -64,6 +64,22 @@ def test_ans_round_trip_is_exact_with_escapes():
     assert len(stream) * 8 <= float(table.bits(codes).sum()) + 64, "ANS must be within a few bytes of the ideal size"
 
 
+def test_encode_many_writes_the_bytes_constriction_writes_for_each_chunk():
+    """The vectorized coder: byte for byte encode() of each chunk (escapes, mixed lengths, rows of any support);
+    decode_many reads them back like decode."""
+    g = torch.Generator().manual_seed(2)
+    scale = torch.cat([torch.linspace(30, 0.05, 39), torch.tensor([300.0])])  # column 39: its table saturates
+    table = EntropyTable.fit((torch.randn(5000, 40, generator=g) * scale).round().int())
+    chunks = list((torch.randn(DECODE_VECTORIZED, 8, 40, generator=g) * scale * 1.5).round().int())
+    chunks[1][0, 0], chunks[1][5, 3], chunks[4][7, 39] = 32767, -32768, 4000  # escapes, two in one chunk
+    chunks += [chunks[2][:7]] + [c[:3] for c in chunks[:ENCODE_VECTORIZED]]  # fewer rows: constriction; numpy
+    streams = table.encode_many(chunks)
+    assert streams == [table.encode(c) for c in chunks]
+    assert all(torch.equal(table.decode(s, c.shape[0]), c) for s, c in zip(streams, chunks))
+    decoded = table.decode_many(streams, [c.shape[0] for c in chunks])  # numpy for the 8-row chunks
+    assert all(torch.equal(d, c) for d, c in zip(decoded, chunks)), "decode_many must give every chunk's codes"
+
+
 def test_transform_inverse_is_exact_with_every_component_kept():
     torch.manual_seed(0)
     x = torch.randn(600, 32) @ torch.randn(32, 32)
@@ -102,6 +118,26 @@ def test_pca_layer_holds_exactly_the_bytes_it_counts(tiny_model):
     assert torch.equal(layer.keys[:, :, :40], k_hat) and torch.equal(layer.values[:, :, :40], v_hat), \
         "the view holds what the stored streams decode to"
     assert torch.equal(layer.keys[:, :, 40:], k[:, :, 40:]), "the incomplete chunk stays raw"
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_long_flush_stores_the_bytes_of_chunk_by_chunk_coding_and_views_what_they_decode_to(tiny_model, batch):
+    """A prompt's many chunks are coded together (ans.encode_many) and the view is computed from the codes:
+    the same streams as coding each chunk alone, and the view bit for bit what those streams decode to."""
+    _, calib = tiny_model
+    layer = PCALayer(TIERS["pca-8x"], calib.coders[2])
+    g = torch.Generator().manual_seed(3)
+    tokens = 8 * (ENCODE_VECTORIZED + 2)
+    k, v = torch.randn(batch, 1, tokens + 3, 64, generator=g), torch.randn(batch, 1, tokens + 3, 64, generator=g)
+    layer.update(k, v)
+    layer.flush()
+    assert len(layer.chunks) == tokens // 8
+    codes = layer.coder.quantize(k[:, :, :tokens], v[:, :, :tokens], 0)  # (B, tokens, r)
+    rows = [codes[:, max(i, 1) : i + 8].reshape(-1, layer.coder.kept) for i in range(0, tokens, 8)]  # 0: a sink
+    alone = [layer.coder.table.encode(r) for r in rows]
+    assert [c.stream for c in layer.chunks] == alone
+    k_hat, v_hat = layer.coder.decode(layer.chunks, 0, 8, batch, k.dtype)
+    assert torch.equal(layer.keys[:, :, :tokens], k_hat) and torch.equal(layer.values[:, :, :tokens], v_hat)
 
 
 def test_archived_chunks_never_change_and_crop_drops_whole_chunks(tiny_model):
@@ -166,7 +202,8 @@ def test_pca_tiers_raise_clear_errors(tiny_model):
 
 
 def test_calibration_is_computed_once_then_read_from_disk(loaded, tmp_path, monkeypatch):
-    """The embedded model: a miss (computed and saved), then a hit from disk without recomputing; compute=False."""
+    """The embedded model: a miss (computed and saved), then a hit from disk without recomputing; compute=False.
+    The miss comes from make_cache inside torch.inference_mode(): calibration still gets its autograd."""
     monkeypatch.setenv("CODECKV_CACHE", str(tmp_path))
     monkeypatch.setattr(calibration, "_LOADED", {})
     tier = Tier("pca-small", "a fast calibration", joint=SMALL)
@@ -175,8 +212,11 @@ def test_calibration_is_computed_once_then_read_from_disk(loaded, tmp_path, monk
     computed = []
     real = calibration.calibrate
     monkeypatch.setattr(calibration, "calibrate", lambda *args: computed.append(1) or real(*args))
+    with torch.inference_mode():
+        make_cache(loaded, tier)  # no saved calibration: computed here
     first = calibration.calibration_for(loaded, tier)
     assert computed == [1] and calibration.calibration_path("smollm2-135m", SMALL).exists()
+    assert not first.coders[0].enc.is_inference(), "a shared calibration holds normal tensors, usable with autograd"
     monkeypatch.setattr(calibration, "_LOADED", {})  # a new process: only the file remains
     second = calibration.calibration_for(loaded, tier)
     assert computed == [1], "the second call must load the saved calibration, not compute it"
@@ -186,6 +226,17 @@ def test_calibration_is_computed_once_then_read_from_disk(loaded, tmp_path, monk
     cache = make_cache(loaded, tier)  # a LoadedModel: the calibration comes by itself
     tokens = _greedy(loaded.model, ids, cache, 12)
     assert tokens.shape == (1, 12) and cache.footprint().archive_bytes > 0
+
+
+def test_calibrate_inside_inference_mode_equals_calibrate_outside(tiny_model):
+    """calibrate needs autograd: inside torch.inference_mode(), on ids made there, it runs outside that mode."""
+    model, _ = tiny_model
+    ids = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(4))
+    outside = calibration.calibrate(model, ids, SMALL, "tiny")
+    with torch.inference_mode():
+        inside = calibration.calibrate(model, ids.clone(), SMALL, "tiny")
+    assert inside.step == outside.step and not inside.coders[2].enc.is_inference()
+    torch.testing.assert_close(inside.coders[5].enc, outside.coders[5].enc)
 
 
 def test_calibration_text_is_apart_from_the_quality_windows(loaded):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from codeckv.codecs.ans import LENGTH_BYTES, EntropyTable
+from codeckv.codecs.ans import ESCAPE_RANGE, LENGTH_BYTES, EntropyTable
 from codeckv.codecs.base import Encoded
 from codeckv.codecs.quant import GroupQuant
 from codeckv.rope import Rope
@@ -109,29 +109,58 @@ class LayerCoder:
 
     def encode(self, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int) -> list[Chunk]:
         """Keys, values (B, H, S, D) at positions start.. (S a multiple of unit) -> one Chunk per unit tokens."""
-        sinks = min(max(self.sink_tokens - start, 0), keys.shape[2])
-        codes = ecsq((self.rows(keys, values, start) - self.mean) @ self.enc, self.step)  # (B, S, r)
-        chunks = []
+        return self._chunks(self.quantize(keys, values, start), keys, values, start, unit)
+
+    def archive(self, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int):
+        """encode, and what decode of those chunks gives, computed from the codes (no entropy decoding).
+
+        -> (chunks, (keys, values) in keys' dtype), the decoded tensors bit for bit those of decode(chunks):
+        ANS is lossless, so the stored streams decode to these very codes, and both paths run the same ops.
+        """
+        codes = self.quantize(keys, values, start)
+        chunks = self._chunks(codes, keys, values, start, unit)
+        sinks = self._sinks(start, keys.shape[2])
+        sink_parts = [c.sink for c in chunks if c.sink]
+        return chunks, self._reconstruct(codes[:, sinks:].contiguous(), sink_parts, start, keys.dtype)
+
+    def quantize(self, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+        """Keys, values (B, H, S, D) at positions start.. -> (B, S, r) int32 codes, within what a stream can hold."""
+        codes = ecsq((self.rows(keys, values, start) - self.mean) @ self.enc, self.step)
+        return codes.clamp_(-(ESCAPE_RANGE // 2), ESCAPE_RANGE // 2 - 1)  # escapes store 16 bits (codecs/ans.py)
+
+    def _sinks(self, start: int, tokens: int) -> int:
+        """How many of `tokens` tokens from position start are sink tokens (coded apart)."""
+        return min(max(self.sink_tokens - start, 0), tokens)
+
+    def _chunks(self, codes: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int):
+        """(B, S, r) codes of the tokens from position start -> one Chunk per unit tokens (streams coded together)."""
+        sinks = self._sinks(start, keys.shape[2])
+        parts, sink_parts = [], []
         for first in range(0, keys.shape[2], unit):
             lo = max(first, sinks)  # sink rows are not PCA-coded
             sink = None
             if lo > first:
                 sink = (SINK_CODEC.encode(keys[:, :, first:lo]), SINK_CODEC.encode(values[:, :, first:lo]))
-            chunks.append(Chunk(self.table.encode(codes[:, lo : first + unit].reshape(-1, self.kept)), sink))
-        return chunks
+            parts.append(codes[:, lo : first + unit].reshape(-1, self.kept))
+            sink_parts.append(sink)
+        return [Chunk(stream, sink) for stream, sink in zip(self.table.encode_many(parts), sink_parts)]
 
     def decode(self, chunks: list[Chunk], start: int, unit: int, batch: int, dtype: torch.dtype):
         """Inverse of encode: chunks of unit tokens from position start -> keys, values (B, H, S, D) in dtype."""
-        codes = []
-        for chunk in chunks:
-            rows = unit - (chunk.sink[0].shape[2] if chunk.sink else 0)
-            codes.append(self.table.decode(chunk.stream, batch * rows).view(batch, rows, self.kept))
-        y = torch.cat(codes, dim=1).float() * self.step  # (B, S - sinks, r)
-        sinks = sum(c.sink[0].shape[2] for c in chunks if c.sink)
-        keys, values = self.unrows(y @ self.dec + self.mean, start + sinks)
-        if sinks:
-            sink_keys = torch.cat([SINK_CODEC.decode(c.sink[0]) for c in chunks if c.sink], dim=2).float()
-            sink_values = torch.cat([SINK_CODEC.decode(c.sink[1]) for c in chunks if c.sink], dim=2).float()
+        rows = [unit - (chunk.sink[0].shape[2] if chunk.sink else 0) for chunk in chunks]
+        decoded = self.table.decode_many([chunk.stream for chunk in chunks], [batch * r for r in rows])
+        codes = [part.view(batch, r, self.kept) for part, r in zip(decoded, rows)]
+        return self._reconstruct(torch.cat(codes, dim=1), [c.sink for c in chunks if c.sink], start, dtype)
+
+    def _reconstruct(self, codes: torch.Tensor, sinks: list[tuple[Encoded, Encoded]], start: int,
+                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, S', r) contiguous codes after the sink tokens, and the sinks' encodings -> keys, values (B, H, S, D)."""
+        y = codes.float() * self.step  # (B, S', r)
+        count = sum(sink[0].shape[2] for sink in sinks)
+        keys, values = self.unrows(y @ self.dec + self.mean, start + count)
+        if count:
+            sink_keys = torch.cat([SINK_CODEC.decode(k) for k, _ in sinks], dim=2).float()
+            sink_values = torch.cat([SINK_CODEC.decode(v) for _, v in sinks], dim=2).float()
             keys, values = torch.cat([sink_keys, keys], dim=2), torch.cat([sink_values, values], dim=2)
         return keys.to(dtype), values.to(dtype)
 
