@@ -234,11 +234,16 @@ def _latency(args: argparse.Namespace) -> None:
     from codeckv.tiers import get_tier
 
     tiers = [get_tier(name) for name in args.tiers]
+    contexts = _contexts(args.contexts) if args.contexts else None
+    if contexts and (args.context or args.prompt is not None):
+        raise ValueError("latency: --contexts measures corpus prefixes; it takes no --context or --prompt")
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
+    if contexts:
+        return _codes_latency(args, loaded, contexts, tiers)
     prompt = _prompt(args, loaded, default_context=1024)
     with tqdm(total=2 * len(tiers), desc="latency") as bar:
 
@@ -252,6 +257,40 @@ def _latency(args: argparse.Namespace) -> None:
     print(f"{loaded.info.device}, {loaded.info.dtype}: {rows[0]['prompt_tokens']}-token prompt, "
           f"{rows[0]['new_tokens']} new tokens")
     out = args.out or f"assets/latency-{loaded.info.name.replace('/', '_')}.csv"
+    print(f"wrote {write_csv(rows, out)}")
+
+
+def _contexts(text: str) -> list[int]:
+    """--contexts "1024,4096,8192" -> [1024, 4096, 8192]; ValueError on anything but positive integers."""
+    try:
+        contexts = [int(part) for part in text.split(",")]
+    except ValueError:
+        contexts = []
+    if not contexts or min(contexts) < 1:
+        raise ValueError(f"latency: --contexts {text!r} must be comma-separated positive token counts, "
+                         "e.g. 1024,4096,8192")
+    return contexts
+
+
+def _codes_latency(args: argparse.Namespace, loaded, contexts: list[int], tiers) -> None:
+    """latency --contexts: attention on the stored codes against native at each context length."""
+    import torch
+
+    from codeckv.measure.latency import codes_latency_table
+    from codeckv.measure.table import format_table, write_csv
+
+    with tqdm(total=len(contexts) * len(tiers), desc="latency (codes)") as bar:
+
+        def progress(message: str) -> None:
+            bar.set_postfix_str(message)
+            bar.update(1)
+
+        rows = codes_latency_table(loaded, contexts, tiers, args.tokens, progress)
+    print(format_table(rows, ["tier", "context", "native_decode_ms", "codes_decode_ms", "latency_ratio",
+                              "token_match", "resident_vs_native"]))
+    print(f"{loaded.info.device}, {loaded.info.dtype}, {torch.get_num_threads()} threads: attention on the stored "
+          f"codes (no decoded view), medians of {args.tokens} interleaved greedy steps after a native prefill")
+    out = args.out or f"assets/latency-codes-{loaded.info.name.replace('/', '_')}.csv"
     print(f"wrote {write_csv(rows, out)}")
 
 
@@ -323,7 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     latency.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
     latency.add_argument("--tiers", nargs="+", default=["turbo-4"], help="tier names (default turbo-4)")
     latency.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
-    latency.add_argument("--out", help="CSV path (default assets/latency-<model>.csv)")
+    latency.add_argument("--contexts", default=None,
+                         help="comma-separated corpus prefix lengths, e.g. 1024,4096,8192: attention on the codes "
+                              "only (no view), every tier against one native cache per length")
+    latency.add_argument("--out", help="CSV path (default assets/latency-<model>.csv, "
+                                       "with --contexts assets/latency-codes-<model>.csv)")
     latency.set_defaults(run=_latency)
 
     args = parser.parse_args(argv)
