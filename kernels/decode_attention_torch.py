@@ -34,7 +34,7 @@ from codeckv.codecs.layout import Codec, Encoded, RowLayout
 from kernels.decode_attention import Coded, Raw, Segment, _bias, _geometry
 from kernels.layout import basis, layout_of, levels, rotation, tensors
 
-ROWS_BYTES = 1 << 20  # float32 rows of one piece and side (keys or values), at most: they stay in the L2 cache
+ROWS_BYTES = 4 << 20  # float32 rows of one piece and side (keys or values), at most
 SCORE_BYTES = 16 << 20  # float32 scores of one pass (every query row against the pass's tokens), at most
 _CODE_TABLE_INDEX_BITS = {2: 8, 4: 8, 8: 8, 3: 12}  # bits of stored code stream read per table lookup
 
@@ -183,19 +183,25 @@ class _Side:
         return out
 
     def _unpack(self, stored: torch.Tensor, out: torch.Tensor) -> None:
-        """Integer codes (B, H, n, bytes) into out (B, H, n, D) float32 as planes: code p of every byte, p-major."""
+        """Integer codes (B, H, n, bytes) into out (B, H, n, D) float32 as planes: code p of every byte, p-major.
+
+        Each plane is shifted and masked into its own dense uint8 buffer (byte ops vectorize only on dense
+        outputs), the planes are concatenated along the row, then cast to float32 in one dense copy.
+        """
         b, h, n, m = stored.shape
         bits, mask = self.spec.bits, (1 << self.spec.bits) - 1
-        codes = _SCRATCH.get("codes", out.numel(), torch.uint8, stored.device).view(b, h, n, self.planes, m)
+        planes = _SCRATCH.get("planes", self.planes * stored.numel(), torch.uint8, stored.device)
+        planes = planes.view(self.planes, b, h, n, m)
         for p in range(self.planes):
-            plane = codes[:, :, :, p]
             if p == 0:
-                torch.bitwise_and(stored, mask, out=plane)
+                torch.bitwise_and(stored, mask, out=planes[0])
             else:
-                torch.bitwise_right_shift(stored, p * bits, out=plane)
+                torch.bitwise_right_shift(stored, p * bits, out=planes[p])
                 if p < self.planes - 1:
-                    plane.bitwise_and_(mask)
-        out.view(codes.shape).copy_(codes)
+                    planes[p].bitwise_and_(mask)
+        rows = _SCRATCH.get("codes", out.numel(), torch.uint8, stored.device).view(b, h, n, self.planes * m)
+        torch.cat(list(planes), dim=-1, out=rows)
+        out.copy_(rows)
 
     def _gather(self, stored: torch.Tensor, out: torch.Tensor) -> None:
         """level[code] of stored codes (B, H, n, bytes) into out (B, H, n, D) float32: one gather."""
