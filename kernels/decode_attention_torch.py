@@ -8,10 +8,12 @@ that of SDPA.
     pieces   every segment cut into pieces of at most ROWS_BYTES of float32 rows per side (a raw span,
              or a chunk of archived blocks; one piece per segment for a decode step up to ~5k tokens
              at 3 KV heads x 64)
-    rows     codes -> float32 rows in one gather from a table that unpacks and looks up at once (an
-             8-bit byte -> 1 level, 4-bit -> 2, 2-bit -> 4; 3-bit codes: 12-bit halves of each 3-byte
-             unit -> 4 levels each), or one cast for 8-bit integer codes and raw rows; then one
-             multiply(-add) by the scales (and zeros) of their groups
+    rows     codes -> float32 rows: 2- and 4-bit integer codes by shifts into dense byte planes (code p
+             of every byte, p-major: the rows' columns are a fixed channel permutation, undone on the
+             queries and the output, never on the rows) and one cast; codebook (Lloyd-Max) codes by one
+             gather from a table that unpacks and looks up at once (a byte -> 1, 2 or 4 levels; 3-bit
+             codes: 12-bit halves of each 3-byte unit -> 4 levels each); 8-bit integer codes and raw rows
+             by one cast; then one multiply(-add) by the scales (and zeros) of their groups, in float32
     passes   consecutive pieces whose scores fit SCORE_BYTES form a pass: their scores (queries
              pre-scaled) go into one (B, Hkv, G*T, n) buffer, softmax'd (mask added) and applied to the
              values piece by piece; passes merge with an online softmax (only long prefills need two)
@@ -47,9 +49,16 @@ def decode_attention_torch_supported(segments: list[Segment]) -> bool:
     )
 
 
-@functools.cache
 def _layout(codec: Codec):
-    """layout_of(codec), built once per codec (codecs are frozen dataclasses)."""
+    """layout_of(codec), built once per codec (codecs are frozen dataclasses; an unhashable one is read each time)."""
+    try:
+        return _cached_layout(codec)
+    except TypeError:
+        return layout_of(codec)
+
+
+@functools.cache
+def _cached_layout(codec: Codec):
     return layout_of(codec)
 
 
@@ -96,7 +105,8 @@ class _Scratch(threading.local):
         key = (name, dtype, device)
         buffer = self.buffers.get(key)
         if buffer is None or buffer.numel() < numel:
-            buffer = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
+            with torch.inference_mode(False):  # a normal tensor: written in place inside inference mode or not
+                buffer = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
         return buffer[:numel]
 
 

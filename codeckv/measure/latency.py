@@ -80,6 +80,9 @@ def codes_latency_table(
     moments. The first WARMUP_STEPS steps are not timed. `native_bytes` is the native cache's tensors,
     `resident_bytes` what the codec cache holds (footprint), both after the last step.
     """
+    if max_new_tokens <= WARMUP_STEPS:
+        raise ValueError(f"codes_latency_table: max_new_tokens={max_new_tokens} leaves no timed step "
+                         f"(allowed: more than {WARMUP_STEPS})")
     tiers = [as_tier(t) for t in tiers]
     rows = []
     for context in contexts:

@@ -131,3 +131,16 @@ def test_png_needs_the_reference_and_the_public_op_picks_it(random_kv):
     assert not decode_attention_supported(segments) and not decode_attention_torch_supported(segments)
     torch.testing.assert_close(ops.decode_attention(query, segments), _materialized(query, segments, None),
                                atol=ATOL, rtol=RTOL)
+
+
+def test_fast_path_runs_inside_and_outside_inference_mode(random_kv, monkeypatch):
+    """Its reused scratch buffers are first made inside inference mode, then written outside it (and back)."""
+    monkeypatch.setattr(fast, "_SCRATCH", fast._Scratch())
+    codecs = TIERS["turbo-4"]
+    segments = _segments(codecs.key, codecs.value, 64, 1, 2, 2, 0, 3, random_kv)
+    query = random_kv((1, 4, 1, 64), seed=12)
+    with torch.inference_mode():
+        inside = decode_attention_torch(query, segments)
+    outside = decode_attention_torch(query, segments)
+    torch.testing.assert_close(outside, inside, atol=0, rtol=0)
+    torch.testing.assert_close(outside, _materialized(query, segments, None), atol=ATOL, rtol=RTOL)
