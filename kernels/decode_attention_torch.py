@@ -15,8 +15,9 @@ that of SDPA.
              codes: 12-bit halves of each 3-byte unit -> 4 levels each); 8-bit integer codes and raw rows
              by one cast; then one multiply(-add) by the scales (and zeros) of their groups, in float32
     passes   consecutive pieces whose scores fit SCORE_BYTES form a pass: their scores (queries
-             pre-scaled) go into one (B, Hkv, G*T, n) buffer, softmax'd (mask added) and applied to the
-             values piece by piece; passes merge with an online softmax (only long prefills need two)
+             pre-scaled) go into one (B, Hkv, G*T, n) buffer, softmax'd (the mask added where it hides
+             a token of the pass) and applied to the values piece by piece; passes merge with an online
+             softmax (only long prefills need several)
 
 The extra memory of a call is bounded by ROWS_BYTES and SCORE_BYTES, whatever the context. Handles any
 T, GQA, masks (rows that see nothing in a pass, as causal prefill chunks have), raw segments anywhere,
@@ -306,6 +307,12 @@ def _passes(pieces, max_tokens: int):
         yield group
 
 
+def _masks_any(mask: torch.Tensor, pos: int, n: int) -> bool:
+    """True when the mask hides any of tokens [pos, pos + n) from any query (a prefill chunk sees all the archive)."""
+    part = mask[..., pos : pos + n]
+    return not bool(part.all()) if part.dtype == torch.bool else bool((part != 0).any())
+
+
 def decode_attention_torch(
     query: torch.Tensor, segments: list[Segment], scale: float | None = None, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -323,10 +330,11 @@ def decode_attention_torch(
         parts = [piece.scores(q) for piece in group]
         scores = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (B, Hkv, G*T, n)
         n = scores.shape[-1]
-        if bias is not None:
+        masked = bias is not None and _masks_any(mask, pos, n)
+        if masked:
             scores.view(b, hkv, g, t, n).add_(bias[..., pos : pos + n])
         m = scores.amax(-1, keepdim=True)
-        m_safe = m if bias is None else torch.where(torch.isinf(m), torch.zeros_like(m), m)  # rows seeing nothing
+        m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m) if masked else m  # rows seeing nothing
         weights = scores.sub_(m_safe).exp_()  # unnormalized
         part_total = weights.sum(-1, keepdim=True)
         at = 0
