@@ -276,7 +276,7 @@ def _codes_latency(args: argparse.Namespace, loaded, contexts: list[int], tiers)
     """latency --contexts: attention on the stored codes against native at each context length."""
     import torch
 
-    from codeckv.measure.latency import codes_latency_table
+    from codeckv.measure.latency import WARMUP_STEPS, codes_latency_table
     from codeckv.measure.table import format_table, write_csv
 
     with tqdm(total=len(contexts) * len(tiers), desc="latency (codes)") as bar:
@@ -289,7 +289,8 @@ def _codes_latency(args: argparse.Namespace, loaded, contexts: list[int], tiers)
     print(format_table(rows, ["tier", "context", "native_decode_ms", "codes_decode_ms", "latency_ratio",
                               "token_match", "resident_vs_native"]))
     print(f"{loaded.info.device}, {loaded.info.dtype}, {torch.get_num_threads()} threads: attention on the stored "
-          f"codes (no decoded view), medians of {args.tokens} interleaved greedy steps after a native prefill")
+          f"codes (no decoded view), medians of {args.tokens - WARMUP_STEPS} timed greedy steps, caches in turns, "
+          "after one native prefill per context")
     out = args.out or f"assets/latency-codes-{loaded.info.name.replace('/', '_')}.csv"
     print(f"wrote {write_csv(rows, out)}")
 
