@@ -268,6 +268,15 @@ def _print_row(row: dict, first: bool) -> None:
     print(" ".join(cells), flush=True)
 
 
+def _set_tiers(parser: argparse.ArgumentParser, names: list[str]) -> None:
+    """--tiers: the tiers every case is built for."""
+    global TIER_NAMES
+    unknown = [name for name in names if name not in TIERS]
+    if unknown:
+        parser.error(f"unknown tiers {unknown} (allowed: {', '.join(TIERS)})")
+    TIER_NAMES = tuple(names)
+
+
 def _set_heads(parser: argparse.ArgumentParser, text: str) -> None:
     """--heads "3,9,64": the KV heads, query heads and head_dim every case is built with."""
     global KV_HEADS, Q_HEADS, HEAD_DIM
@@ -294,11 +303,7 @@ def main() -> None:
     if args.heads:
         _set_heads(parser, args.heads)
     if args.tiers:
-        unknown = [name for name in args.tiers if name not in TIERS]
-        if unknown:
-            parser.error(f"unknown tiers {unknown} (allowed: {', '.join(TIERS)})")
-        global TIER_NAMES
-        TIER_NAMES = tuple(args.tiers)
+        _set_tiers(parser, args.tiers)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.quick and args.lengths:
