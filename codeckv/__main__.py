@@ -294,6 +294,8 @@ def _latency(args: argparse.Namespace) -> None:
 
         torch.set_num_threads(args.threads)
     loaded = _load(args)
+    if args.contexts:
+        return _codes_latency(args, loaded, args.contexts, tiers)
     prompt = _prompt(args, loaded, default_context=1024)
     with tqdm(total=2 * len(tiers), desc="latency") as bar:
 
@@ -307,6 +309,47 @@ def _latency(args: argparse.Namespace) -> None:
     print(f"{loaded.info.device}, {loaded.info.dtype}: {rows[0]['prompt_tokens']}-token prompt, "
           f"{rows[0]['new_tokens']} new tokens")
     out = args.out or f"out/latency-{loaded.info.name.replace('/', '_')}.csv"
+    print(f"wrote {write_csv(rows, out)}")
+
+
+def _contexts(text: str) -> list[int]:
+    """--contexts "1024,4096,8192" -> [1024, 4096, 8192] (argparse type: anything else is a usage error)."""
+    try:
+        contexts = [int(part) for part in text.split(",")]
+    except ValueError:
+        contexts = []
+    if not contexts or min(contexts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated positive token counts, e.g. 1024,4096,8192")
+    return contexts
+
+
+def _latency_usage(args: argparse.Namespace) -> str | None:
+    """What is wrong with a latency command line that argparse cannot see (None: nothing)."""
+    if args.contexts and (args.context or args.prompt is not None):
+        return "--contexts measures corpus prefixes; it takes no --context or --prompt"
+    return None
+
+
+def _codes_latency(args: argparse.Namespace, loaded, contexts: list[int], tiers) -> None:
+    """latency --contexts: attention on the stored codes against native at each context length."""
+    import torch
+
+    from codeckv.measure.latency import WARMUP_STEPS, codes_latency_table
+    from codeckv.measure.table import format_table, write_csv
+
+    with tqdm(total=len(contexts) * len(tiers), desc="latency (codes)") as bar:
+
+        def progress(message: str) -> None:
+            bar.set_postfix_str(message)
+            bar.update(1)
+
+        rows = codes_latency_table(loaded, contexts, tiers, args.tokens, progress)
+    print(format_table(rows, ["tier", "context", "native_decode_ms", "codes_decode_ms", "latency_ratio",
+                              "token_match", "resident_vs_native"]))
+    print(f"{loaded.info.device}, {loaded.info.dtype}, {torch.get_num_threads()} threads: attention on the stored "
+          f"codes (no decoded view), medians of {args.tokens - WARMUP_STEPS} timed greedy steps, caches in turns, "
+          "after one native prefill per context")
+    out = args.out or f"out/latency-codes-{loaded.info.name.replace('/', '_')}.csv"
     print(f"wrote {write_csv(rows, out)}")
 
 
@@ -413,7 +456,12 @@ def _parser() -> argparse.ArgumentParser:
     latency.add_argument("--tiers", nargs="+", type=_tier_name, default=["turbo-4"],
                          help="tier names (default turbo-4)")
     latency.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
-    latency.add_argument("--out", help="CSV path (default out/latency-<model>.csv)")
+    latency.add_argument("--contexts", type=_contexts, default=None, metavar="N,N,...",
+                         help="corpus prefix lengths, e.g. 1024,4096,8192: attention on the codes only (no view), "
+                              "every tier against one native cache per length")
+    latency.add_argument("--out", help="CSV path (default out/latency-<model>.csv, with --contexts "
+                                       "out/latency-codes-<model>.csv)")
+    latency.set_defaults(usage=_latency_usage)
 
     saved = command("saved-size", _saved_size, "per tier: bytes at rest, view rebuild time, saved file vs archive")
     saved.add_argument("--context", type=_positive, default=2048, help="prefilled corpus tokens (default 2048)")
@@ -425,8 +473,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status (module docstring) is returned, never raised."""
+    parser = _parser()
     try:
-        args = _parser().parse_args(argv)
+        args = parser.parse_args(argv)
+        problem = args.usage(args) if hasattr(args, "usage") else None
+        if problem:
+            parser.error(f"{args.command}: {problem}")
     except SystemExit as done:  # --help, --version (0) or a usage error (2)
         return done.code if isinstance(done.code, int) else 2
     if args.offline:

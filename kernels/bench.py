@@ -2,9 +2,12 @@
 
     python -m kernels.bench                       # --quick: contexts 1k, 4k, 16k
     python -m kernels.bench --lengths 1024,65536  # up to 64k
+    python -m kernels.bench --heads 3,9,64 --lengths 1024,4096,8192 --tiers turbo-4 int8   # smollm2-135m's heads
 
 Headline configuration: B=1, 8 KV heads, 16 query heads, head_dim 128, tiers jpeg-k8-int8, jpeg-k2-int8
-and turbo-4; bf16 on a GPU, fp32 on CPU. Each row: median milliseconds over the repetitions and the
+and turbo-4; bf16 on a GPU, fp32 on CPU. decode_attention rows: one query per head on the archive and a
+raw tail; prefill_attention rows: the last PREFILL_CHUNK-token chunk of a chunked prefill (the chunk raw,
+causal, after the archive of the rest). Each row: median milliseconds over the repetitions and the
 peak extra memory of one call (CUDA allocator peak on a GPU; the process's peak RSS on CPU, with glibc
 told to mmap every block over 64 KiB for that call and its free heap pages trimmed, so that the RSS
 tracks what is in use). The timed calls run
@@ -53,6 +56,7 @@ BATCH, KV_HEADS, Q_HEADS, HEAD_DIM = 1, 8, 16, 128
 TIER_NAMES = ("jpeg-k8-int8", "jpeg-k2-int8", "turbo-4")
 QUICK_LENGTHS = (1024, 4096, 16384)
 METHODS = ("triton", "torch", "reference", "materialized", "native_sdpa")
+PREFILL_CHUNK = 512  # queries of the prefill_attention rows (the chunk of a chunked prefill)
 TIME_BUDGET_S = 3.0  # timed repetitions of one method stop near this many seconds (at least one)
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 _MMAP_FOR_MEMORY = 1 << 16  # blocks above this come from mmap while the peak memory is measured
@@ -160,6 +164,8 @@ def _cases(tier_name: str, context: int, device: torch.device, dtype: torch.dtyp
     }
     archive = sum(t.numel() * t.element_size() for t in (segments[1].keys, segments[1].values))
     yield "decode_attention", attention, (segments[0].keys.nbytes + segments[0].values.nbytes + archive) / 2**20
+    if context > PREFILL_CHUNK:
+        yield "prefill_attention", *_prefill_case(tier, keys, values, device, dtype)
     if layout_of(tier.key).block > 1:  # a DCT tier: the block encoders
         codec, x, enc = tier.key, keys[:, :, :archived], segments[0].keys
         yield "dct_encode", {"triton": (lambda: dct_encode_triton(x, codec)) if gpu else None,
@@ -172,6 +178,31 @@ def _cases(tier_name: str, context: int, device: torch.device, dtype: torch.dtyp
                                "reference": lambda: rotate_quant_ref(x, codec)}, None
         yield "dequant_rotate", {"triton": (lambda: dequant_rotate_triton(enc, codec)) if gpu else None,
                                  "reference": lambda: dequant_rotate_ref(enc, codec)}, None
+
+
+def _prefill_case(tier, keys: torch.Tensor, values: torch.Tensor, device: torch.device, dtype: torch.dtype):
+    """A chunked prefill's last chunk: PREFILL_CHUNK queries on the archive (codes) and on themselves, causally.
+
+    torch: decode_attention_torch on [archive, the chunk raw] with the causal mask; native_sdpa: SDPA on the
+    dense keys and values with the same mask (what a native chunked prefill runs).
+    """
+    context = keys.shape[2]
+    unit = math.lcm(tier.key.block_tokens, tier.value.block_tokens)
+    archived = (context - PREFILL_CHUNK) // unit * unit
+    segments = [
+        Coded(tier.key, tier.key.encode(keys[:, :, :archived]), tier.value, tier.value.encode(values[:, :, :archived])),
+        Raw(keys[:, :, archived:], values[:, :, archived:]),
+    ]
+    t = context - archived
+    query = _kv(t, device, dtype, 3).repeat_interleave(Q_HEADS // KV_HEADS, dim=1)  # (B, Hq, T, D)
+    pos = torch.arange(context, device=device)
+    mask = (pos[None, :] <= pos[context - t :, None])[None, None]  # (1, 1, T, S)
+    methods = {
+        "torch": lambda: decode_attention_torch(query, segments, mask=mask),
+        "native_sdpa": lambda: F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True),
+    }
+    archive = segments[0].keys.nbytes + segments[0].values.nbytes
+    return methods, (archive + 2 * keys[:, :, archived:].numel() * keys.element_size()) / 2**20
 
 
 def device_label() -> str:
@@ -237,6 +268,27 @@ def _print_row(row: dict, first: bool) -> None:
     print(" ".join(cells), flush=True)
 
 
+def _set_tiers(parser: argparse.ArgumentParser, names: list[str]) -> None:
+    """--tiers: the tiers every case is built for."""
+    global TIER_NAMES
+    unknown = [name for name in names if name not in TIERS]
+    if unknown:
+        parser.error(f"unknown tiers {unknown} (allowed: {', '.join(TIERS)})")
+    TIER_NAMES = tuple(names)
+
+
+def _set_heads(parser: argparse.ArgumentParser, text: str) -> None:
+    """--heads "3,9,64": the KV heads, query heads and head_dim every case is built with."""
+    global KV_HEADS, Q_HEADS, HEAD_DIM
+    try:
+        kv_heads, q_heads, head_dim = (int(part) for part in text.split(","))
+    except ValueError:
+        parser.error(f"--heads {text!r}: expected KV heads,query heads,head_dim, e.g. 3,9,64")
+    if min(kv_heads, q_heads, head_dim) < 1 or q_heads % kv_heads:
+        parser.error(f"--heads {text!r}: positive counts with query heads a multiple of KV heads")
+    KV_HEADS, Q_HEADS, HEAD_DIM = kv_heads, q_heads, head_dim
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="contexts 1k, 4k, 16k (the default)")
@@ -244,7 +296,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions (default: 5 on CPU, 50 on GPU)")
     parser.add_argument("--out", type=Path, default=None, help="CSV path (default: out/kernels-bench-<device>.csv)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (default: torch's own choice)")
+    parser.add_argument("--heads", type=str, default=None,
+                        help="KV heads,query heads,head_dim (default 8,16,128; smollm2-135m: 3,9,64)")
+    parser.add_argument("--tiers", nargs="+", default=None, help=f"tier names (default {' '.join(TIER_NAMES)})")
     args = parser.parse_args()
+    if args.heads:
+        _set_heads(parser, args.heads)
+    if args.tiers:
+        _set_tiers(parser, args.tiers)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.quick and args.lengths:

@@ -2,150 +2,230 @@
 
 Same math as the reference in decode_attention.py (scores and weighted values in the row domain of each
 codec: q . x = (q Q) . row weighted by M, sum_p w[p] x[p] = ((w M.T) . rows) Q.T), organised for speed:
+a decode step on a few thousand tokens is a dozen large ops, so the Python overhead of a call stays near
+that of SDPA.
 
-    pass 1  scores of every token -> one (B, Hkv, G*T, S) float32 buffer: raw spans by one matmul, coded
-            spans chunk by chunk: codes -> levels in a reused float32 buffer (one gather per byte from a
-            256-entry table that unpacks and looks up at once), per-channel scales and zeros folded into
-            the queries (per-token ones applied in place), one matmul with the rotated queries, one with M
-    softmax mask added, max subtracted, exp in place; the sum is divided out at the end
-    pass 2  weighted values, chunk by chunk the same way: (w M.T) @ rows accumulated in the value domain
+    pieces   every segment cut into pieces of at most ROWS_BYTES of float32 rows per side (a raw span,
+             or a chunk of archived blocks; one piece per segment for a decode step up to ~5k tokens
+             at 3 KV heads x 64)
+    rows     codes -> float32 rows: 2- and 4-bit integer codes by shifts into dense byte planes (code p
+             of every byte, p-major: the rows' columns are a fixed channel permutation, undone on the
+             queries and the output, never on the rows) and one cast; codebook (Lloyd-Max) codes by one
+             gather from a table that unpacks and looks up at once (a byte -> 1, 2 or 4 levels; 3-bit
+             codes: 12-bit halves of each 3-byte unit -> 4 levels each); 8-bit integer codes and raw rows
+             by one cast; then one multiply(-add) by the scales (and zeros) of their groups, in float32
+    passes   consecutive pieces whose scores fit SCORE_BYTES form a pass: their scores (queries
+             pre-scaled) go into one (B, Hkv, G*T, n) buffer, softmax'd (the mask added where it hides
+             a token of the pass) and applied to the values piece by piece; passes merge with an online
+             softmax (only long prefills need several)
 
-A chunk's float32 rows take about CHUNK_FRACTION of the archive's bytes, between MIN_CHUNK_BYTES and
-MAX_CHUNK_BYTES (so that they stay in the L2 cache between the gather and the matmul): the extra memory
-of a call is a fraction of the archive, whatever the context. Queries are taken in blocks when the score
-buffer would exceed SCORE_FRACTION of the archive (long prefills). Handles any T,
-GQA, masks, raw segments anywhere, different key and value layouts; a codec without a row layout (png)
-is the reference's job (`decode_attention_torch_supported`).
+The extra memory of a call is bounded by ROWS_BYTES and SCORE_BYTES, whatever the context. Handles any
+T, GQA, masks (rows that see nothing in a pass, as causal prefill chunks have), raw segments anywhere,
+different key and value layouts; a codec without a row layout (png) is the reference's job
+(`decode_attention_torch_supported`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import torch
 
-from codeckv.codecs.layout import Encoded, RowLayout
+from codeckv.codecs.layout import Codec, Encoded, RowLayout
 
-from .decode_attention import Coded, Raw, Segment, _bias, _geometry, _value_rotation
-from .layout import basis, layout_of, levels, rotation, rows, tensors
+from .decode_attention import Coded, Raw, Segment, _bias, _geometry
+from .layout import basis, layout_of, levels, rotation, tensors
 
-CHUNK_FRACTION = 1 / 2  # float32 rows of one chunk, as a fraction of the archive's bytes
-MIN_CHUNK_BYTES = 1 << 18  # ... but at least this many bytes of float32 rows per chunk
-MAX_CHUNK_BYTES = 1 << 20  # ... and at most this many, so that a chunk's rows stay in the L2 cache
-SCORE_FRACTION = 1 / 2  # the score buffer of one block of queries, as a fraction of the archive
-MIN_SCORE_BYTES = 4 << 20
+ROWS_BYTES = 4 << 20  # float32 rows of one piece and side (keys or values), at most
+SCORE_BYTES = 16 << 20  # float32 scores of one pass (every query row against the pass's tokens), at most
+_CODE_TABLE_INDEX_BITS = {2: 8, 4: 8, 8: 8, 3: 12}  # bits of stored code stream read per table lookup
 
 
 def decode_attention_torch_supported(segments: list[Segment]) -> bool:
     """True when every coded span's key and value codecs declare a row layout."""
     return all(
-        isinstance(layout_of(codec), RowLayout)
+        isinstance(_layout(codec), RowLayout)
         for seg in segments if isinstance(seg, Coded) for codec in (seg.key_codec, seg.value_codec)
     )
 
 
+def _layout(codec: Codec):
+    """layout_of(codec), built once per codec (codecs are frozen dataclasses; an unhashable one is read each time)."""
+    try:
+        return _cached_layout(codec)
+    except TypeError:
+        return layout_of(codec)
+
+
 @functools.cache
-def _byte_table(values: tuple[float, ...], bits: int, device: torch.device) -> tuple[torch.Tensor, int]:
-    """(level[code] of every code of a byte, codes per byte) as one 8- or 16-byte element per byte value.
+def _cached_layout(codec: Codec):
+    return layout_of(codec)
 
-    Indexing it with the stored bytes unpacks and dequantizes in one gather: a 4-bit byte becomes two
-    float32 (one int64), a 2-bit byte four (one complex128), an 8-bit byte one float32.
+
+@functools.cache
+def _code_table(values: tuple[float, ...], bits: int, device: torch.device) -> torch.Tensor:
+    """level[code] of every code in an index of _CODE_TABLE_INDEX_BITS[bits] stream bits, one element each.
+
+    Indexing it with stored bytes (or 12-bit halves of a 3-bit unit) unpacks and dequantizes in one gather:
+    1 level per element (float32), 2 (viewed as int64) or 4 (complex128), in stream order.
     """
-    per_byte = 8 // bits
-    byte = torch.arange(256)
-    mask = (1 << bits) - 1
+    index_bits = _CODE_TABLE_INDEX_BITS[bits]
+    per_entry = index_bits // bits
+    index = torch.arange(1 << index_bits)
     table = torch.tensor(values, dtype=torch.float32)
-    pairs = torch.stack([table[(byte >> (i * bits)) & mask] for i in range(per_byte)], dim=1).contiguous()
-    view = {1: torch.float32, 2: torch.int64, 4: torch.complex128}[per_byte]
-    return pairs.view(view).view(256).to(device), per_byte
+    entries = torch.stack([table[(index >> (i * bits)) & ((1 << bits) - 1)] for i in range(per_entry)], dim=1)
+    view = {1: torch.float32, 2: torch.int64, 4: torch.complex128}[per_entry]
+    return entries.contiguous().view(view).view(-1).to(device)
 
 
-class _Rows:
-    """One side (keys or values) of a coded span, read chunk by chunk as float32 rows into a reused buffer."""
+def _planar(spec) -> bool:
+    """True for 2- and 4-bit integer codes whose scale groups hold whole planes: unpacked by shifts, no gather."""
+    planes = 8 // spec.bits
+    return not spec.lloyd_max and spec.bits in (2, 4) and (spec.per_channel or spec.group % planes == 0)
 
-    def __init__(self, codec, enc: Encoded, head_dim: int, device: torch.device, chunk_rows: int) -> None:
-        self.layout: RowLayout = layout_of(codec)
-        self.enc = enc
+
+@functools.cache
+def _plane_order(head_dim: int, planes: int, device: torch.device) -> torch.Tensor:
+    """The channel of each planar column: column p * (D/planes) + i holds channel planes * i + p."""
+    return torch.arange(head_dim, device=device).view(-1, planes).T.reshape(-1)
+
+
+class _Scratch(threading.local):
+    """Per-thread buffers reused by every call: the rows of one piece and the indices they are gathered with.
+
+    A piece's rows are consumed (one matmul) before the next piece's are made, so one buffer serves every
+    piece and both sides; reusing it avoids a fresh allocation (and its page faults) per piece.
+    """
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+    def get(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A (numel,) tensor of `dtype` on `device`, grown when needed."""
+        key = (name, dtype, device)
+        buffer = self.buffers.get(key)
+        if buffer is None or buffer.numel() < numel:
+            with torch.inference_mode(False):  # a normal tensor: written in place inside inference mode or not
+                buffer = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel]
+
+
+_SCRATCH = _Scratch()
+
+
+class _Side:
+    """One side (keys or values) of a coded segment, read as float32 rows a piece at a time."""
+
+    def __init__(self, codec: Codec, enc: Encoded, head_dim: int, device: torch.device) -> None:
+        self.layout: RowLayout = _layout(codec)
         self.data, self.scale, self.offset = tensors(self.layout, enc)
-        self.spec = self.layout.quant
+        self.spec = spec = self.layout.quant
+        self.unit = max(self.layout.block, codec.block_tokens)
         self.m = basis(self.layout, device)  # (k, r)
         self.q = rotation(self.layout, head_dim, device)
-        b, h = enc.shape[:2]
-        self.shape = (b, h, head_dim)
-        self.buffer = torch.empty(b * h * chunk_rows * head_dim, dtype=torch.float32, device=device)
-        self.table = self.index = None  # byte -> levels table and the int32 indices it is read with
-        spec = self.spec
-        if spec is not None and spec.bits != 3 and (spec.bits != 8 or spec.lloyd_max):
-            self.table, _ = _byte_table(tuple(levels(spec, device).tolist()), spec.bits, device)
-            self.index = torch.empty(b * h * chunk_rows * self.data.shape[-1], dtype=torch.int32, device=device)
+        self.table = None  # a gather table, or None: raw rows and 8-bit integer codes are cast
+        self.planes = 1  # > 1: integer codes unpacked by shifts into planes (rows in `perm` channel order)
+        self.perm = None  # channel of each row column when planar, else None
+        if spec is not None and _planar(spec):
+            self.planes = 8 // spec.bits
+            self.perm = _plane_order(head_dim, self.planes, device)
+        elif spec is not None and (spec.bits != 8 or spec.lloyd_max):
+            self.table = _code_table(tuple(levels(spec, device).tolist()), spec.bits, device)
+        self.out_map = None  # (D, D): planar / rotated value rows -> the tokens' channels
+        if self.q is not None:
+            self.out_map = self.q.T if self.perm is None else self.q.T[self.perm].contiguous()
 
-    def _out(self, n: int) -> torch.Tensor:
-        """The buffer as (B, H, n, D) rows: a contiguous view, whatever n."""
-        b, h, d = self.shape
-        return self.buffer[: b * h * n * d].view(b, h, n, d)
+    def query(self, q: torch.Tensor) -> torch.Tensor:
+        """q (B, H, NQ, D) in the domain of this side's rows: rotated by Q, columns in planar order."""
+        q = q if self.q is None else q @ self.q
+        return q if self.perm is None else q[..., self.perm]
 
-    def _levels(self, r0: int, r1: int) -> torch.Tensor:
-        """level[code] (or the raw values) of rows [r0, r1): (B, H, n, D) float32 in the buffer."""
-        out = self._out(r1 - r0)
-        stored = self.data[:, :, r0:r1]
-        if self.table is None:
-            return out.copy_(stored)  # raw rows (any float dtype) or 8-bit integer codes
-        index = self.index[: stored.numel()]  # one gather unpacks and looks up: byte -> its codes' levels
-        index.view(stored.shape).copy_(stored)
-        torch.index_select(self.table, 0, index, out=out.view(self.table.dtype).view(-1))
-        return out
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """Weighted value rows (B, H, NQ, D) back in the tokens' domain."""
+        if self.out_map is not None:
+            return out @ self.out_map
+        return out if self.perm is None else out.index_copy(-1, self.perm, out)
 
-    def _stats(self, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Scale and offset (or None) of rows [r0, r1), float32: (B, H, n/g, D) per channel, (B, H, n, D/g) else."""
-        spec = self.spec
-        lo, hi = (r0 // spec.group, r1 // spec.group) if spec.per_channel else (r0, r1)
-        offset = None if spec.offset is None else self.offset[:, :, lo:hi].float()
-        return self.scale[:, :, lo:hi].float(), offset
-
-    def _span(self, start: int, stop: int) -> tuple[int, int]:
-        return start // self.layout.block * self.layout.k, stop // self.layout.block * self.layout.k
+    def rows_per_token(self) -> float:
+        return self.layout.k / self.layout.block
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
-        """Dequantized rows of tokens [start, stop): (B, H, n_rows, D) float32, a view of the buffer."""
-        r0, r1 = self._span(start, stop)
+        """Dequantized rows of tokens [start, stop) (whole units): (B, H, n_rows, D) float32."""
+        k, r = self.layout.k, self.layout.block
+        r0, r1 = start // r * k, stop // r * k
+        stored = self.data[:, :, r0:r1]
         spec = self.spec
-        if spec is not None and spec.bits == 3:  # codes straddle bytes: the leaf codec decodes them
-            return self._out(r1 - r0).copy_(rows(self.layout, self.enc, start, stop))
-        out = self._levels(r0, r1)
+        b, h, n, m = stored.shape
+        d = m if self.table is None and self.planes == 1 else m * 8 // spec.bits
+        out = _SCRATCH.get("rows", b * h * n * d, torch.float32, stored.device).view(b, h, n, d)
+        if self.planes > 1:
+            self._unpack(stored, out)
+        elif self.table is None:
+            out.copy_(stored)  # raw rows (any float dtype) or 8-bit integer codes
+        else:
+            self._gather(stored, out)
         if spec is None:
             return out
-        b, h, n, d = out.shape
-        scale, offset = self._stats(r0, r1)
-        if spec.per_channel:  # (B, H, n/g, g, D) * (B, H, n/g, 1, D)
-            grouped, scale, offset = out.view(b, h, n // spec.group, spec.group, d), scale.unsqueeze(3), offset
-            offset = None if offset is None else offset.unsqueeze(3)
-        else:  # (B, H, n, D/g, g) * (B, H, n, D/g, 1)
-            grouped, scale = out.view(b, h, n, d // spec.group, spec.group), scale.unsqueeze(4)
-            offset = None if offset is None else offset.unsqueeze(4)
-        grouped.mul_(scale)
-        if offset is not None:
-            grouped.add_(offset)
+        if spec.per_channel:  # rows (B, H, n/g, g, D) with scales (B, H, n/g, 1, D)
+            lo, hi = r0 // spec.group, r1 // spec.group
+            scale, offset = self.scale[:, :, lo:hi], None if self.offset is None else self.offset[:, :, lo:hi]
+            if self.planes > 1:  # column (plane p, byte i) is channel planes*i + p: (.., planes, D/planes)
+                scale, offset = (None if t is None else t.unflatten(-1, (-1, self.planes)).transpose(-1, -2)
+                                 for t in (scale, offset))
+            grouped = out.view(b, h, n // spec.group, spec.group, *scale.shape[3:])
+            scale, offset = (None if t is None else t.unsqueeze(3) for t in (scale, offset))
+        else:  # rows (B, H, n, D/g, g) with scales (B, H, n, D/g, 1); planar: (B, H, n, planes, D/g, g/planes)
+            scale, offset = self.scale[:, :, r0:r1], None if self.offset is None else self.offset[:, :, r0:r1]
+            if self.planes > 1:
+                grouped = out.view(b, h, n, self.planes, d // spec.group, spec.group // self.planes)
+                scale, offset = (None if t is None else t.unsqueeze(3).unsqueeze(5) for t in (scale, offset))
+            else:
+                grouped = out.view(b, h, n, d // spec.group, spec.group)
+                scale, offset = (None if t is None else t.unsqueeze(4) for t in (scale, offset))
+        scale, offset = (None if t is None else t.to(torch.float32, memory_format=torch.contiguous_format)
+                         for t in (scale, offset))  # small; float32 and dense keep the large op vectorized
+        if offset is None:
+            grouped.mul_(scale)
+        elif spec.per_channel:
+            torch.addcmul(offset, grouped, scale, out=grouped)
+        else:  # a scale per group of channels: addcmul's inner broadcast is not vectorized, mul_ and add_ are
+            grouped.mul_(scale).add_(offset)
         return out
 
-    def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        """q (B, H, NQ, D) . every row of tokens [start, stop) -> (B, H, NQ, n_rows).
+    def _unpack(self, stored: torch.Tensor, out: torch.Tensor) -> None:
+        """Integer codes (B, H, n, bytes) into out (B, H, n, D) float32 as planes: code p of every byte, p-major.
 
-        Per-channel scales and zeros fold into the queries, block by block, so the levels are never rescaled:
-        q . (level * s + z) = (q * s) . level + q . z for the `group` rows sharing s and z.
+        Each plane is shifted and masked into its own dense uint8 buffer (byte ops vectorize only on dense
+        outputs), the planes are concatenated along the row, then cast to float32 in one dense copy.
         """
-        spec = self.spec
-        if spec is None or not spec.per_channel or spec.bits == 3:
-            return q @ self.rows(start, stop).transpose(2, 3)
-        r0, r1 = self._span(start, stop)
-        lv = self._levels(r0, r1)
-        b, h, n, d = lv.shape
-        scale, offset = self._stats(r0, r1)  # (B, H, n/g, D)
-        blocks = lv.view(b, h, n // spec.group, spec.group, d)
-        per_block = (q.unsqueeze(2) * scale.unsqueeze(3)) @ blocks.transpose(3, 4)  # (B, H, n/g, NQ, g)
-        if offset is not None:  # (B, H, n/g, NQ, g) + (B, H, n/g, NQ, 1)
-            per_block += (offset @ q.transpose(2, 3)).unsqueeze(4)
-        return per_block.transpose(2, 3).reshape(b, h, q.shape[2], n)
+        b, h, n, m = stored.shape
+        bits, mask = self.spec.bits, (1 << self.spec.bits) - 1
+        planes = _SCRATCH.get("planes", self.planes * stored.numel(), torch.uint8, stored.device)
+        planes = planes.view(self.planes, b, h, n, m)
+        for p in range(self.planes):
+            if p == 0:
+                torch.bitwise_and(stored, mask, out=planes[0])
+            else:
+                torch.bitwise_right_shift(stored, p * bits, out=planes[p])
+                if p < self.planes - 1:
+                    planes[p].bitwise_and_(mask)
+        rows = _SCRATCH.get("codes", out.numel(), torch.uint8, stored.device).view(b, h, n, self.planes * m)
+        torch.cat(list(planes), dim=-1, out=rows)
+        out.copy_(rows)
+
+    def _gather(self, stored: torch.Tensor, out: torch.Tensor) -> None:
+        """level[code] of stored codes (B, H, n, bytes) into out (B, H, n, D) float32: one gather."""
+        b, h, n, m = stored.shape
+        if self.spec.bits == 3:  # 3 bytes hold 8 codes: look their 24-bit word up as two 12-bit halves
+            units = stored.reshape(b, h, n, m // 3, 3).to(torch.int32)
+            word = units[..., 0] | (units[..., 1] << 8) | (units[..., 2] << 16)
+            index = torch.stack([word & 0xFFF, word >> 12], dim=-1).view(-1)
+        else:
+            index = _SCRATCH.get("index", stored.numel(), torch.int32, stored.device)
+            index.view(stored.shape).copy_(stored)
+        torch.index_select(self.table, 0, index, out=out.view(self.table.dtype).view(-1))
 
     def to_tokens(self, row_scores: torch.Tensor) -> torch.Tensor:
         """Row-domain scores (..., nblk*k) -> token scores (..., nblk*r)."""
@@ -164,14 +244,74 @@ class _Rows:
         return (weights.reshape(*lead, -1, r) @ self.m.T).reshape(*lead, -1)
 
 
-def _archive_bytes(segments: list[Segment]) -> int:
-    total = 0
+class _RawPiece:
+    """Tokens [start, stop) of a raw segment."""
+
+    def __init__(self, seg: Raw, start: int, stop: int) -> None:
+        self.keys, self.values = seg.keys[:, :, start:stop], seg.values[:, :, start:stop]
+        self.tokens = stop - start
+
+    def scores(self, q: torch.Tensor) -> torch.Tensor:
+        """q (B, H, NQ, D) . every key -> (B, H, NQ, n)."""
+        return q @ self.keys.float().transpose(2, 3)
+
+    def weighted(self, weights: torch.Tensor) -> torch.Tensor:
+        """weights (B, H, NQ, n) @ values -> (B, H, NQ, Dv)."""
+        return weights @ self.values.float()
+
+
+class _CodedPiece:
+    """Tokens [start, stop) (whole units) of a coded segment; `q` is the segment's query in the key domain."""
+
+    def __init__(self, keys: _Side, values: _Side, q: torch.Tensor, start: int, stop: int) -> None:
+        self.keys, self.values, self.q = keys, values, q
+        self.start, self.stop = start, stop
+        self.tokens = stop - start
+
+    def scores(self, q: torch.Tensor) -> torch.Tensor:
+        return self.keys.to_tokens(self.q @ self.keys.rows(self.start, self.stop).transpose(2, 3))
+
+    def weighted(self, weights: torch.Tensor) -> torch.Tensor:
+        return self.values.output(self.values.to_rows(weights) @ self.values.rows(self.start, self.stop))
+
+
+def _pieces(segments: list[Segment], q: torch.Tensor, max_tokens: int, head_dims: tuple[int, int]):
+    """Every segment as pieces of at most ROWS_BYTES of rows per side and `max_tokens` tokens, in order."""
+    b, h, _, _ = q.shape
+    d, dv = head_dims
     for seg in segments:
-        if isinstance(seg, Coded):
-            total += seg.keys.nbytes + seg.values.nbytes
-        else:
-            total += seg.keys.numel() * seg.keys.element_size() + seg.values.numel() * seg.values.element_size()
-    return total
+        if isinstance(seg, Raw):
+            step = max(1, min(max_tokens, ROWS_BYTES // (b * h * 4 * max(d, dv))))
+            for lo in range(0, seg.tokens, step):
+                yield _RawPiece(seg, lo, min(seg.tokens, lo + step))
+            continue
+        keys = _Side(seg.key_codec, seg.keys, d, q.device)
+        values = _Side(seg.value_codec, seg.values, dv, q.device)
+        unit = math.lcm(seg.key_codec.block_tokens, seg.value_codec.block_tokens, keys.unit, values.unit)
+        per_token = b * h * 4 * max(d * keys.rows_per_token(), dv * values.rows_per_token())
+        step = max(unit, int(min(max_tokens, ROWS_BYTES // per_token)) // unit * unit)
+        qk = keys.query(q)
+        for lo in range(0, seg.tokens, step):
+            yield _CodedPiece(keys, values, qk, lo, min(seg.tokens, lo + step))
+
+
+def _passes(pieces, max_tokens: int):
+    """Consecutive pieces grouped into passes of at most `max_tokens` tokens (a longer piece alone)."""
+    group, tokens = [], 0
+    for piece in pieces:
+        if group and tokens + piece.tokens > max_tokens:
+            yield group
+            group, tokens = [], 0
+        group.append(piece)
+        tokens += piece.tokens
+    if group:
+        yield group
+
+
+def _masks_any(mask: torch.Tensor, pos: int, n: int) -> bool:
+    """True when the mask hides any of tokens [pos, pos + n) from any query (a prefill chunk sees all the archive)."""
+    part = mask[..., pos : pos + n]
+    return not bool(part.all()) if part.dtype == torch.bool else bool((part != 0).any())
 
 
 def decode_attention_torch(
@@ -179,75 +319,40 @@ def decode_attention_torch(
 ) -> torch.Tensor:
     """Attention of query (B, Hq, T, D) on the segments: (B, Hq, T, Dv); mask as decode_attention_ref's."""
     b, hq, t, d = query.shape
-    hkv, _ = _geometry(segments)
-    s_total = sum(seg.tokens for seg in segments)
-    budget = max(SCORE_FRACTION * _archive_bytes(segments), MIN_SCORE_BYTES)
-    block = max(1, min(t, int(budget // max(1, b * hq * s_total * 4))))
-    outs = []
-    for lo in range(0, t, block):
-        hi = min(t, lo + block)
-        part = None if mask is None else mask[:, :, lo:hi] if mask.shape[2] == t else mask
-        outs.append(_attend(query[:, :, lo:hi], segments, scale, part, hkv))
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-
-
-def _attend(query, segments, scale, mask, hkv) -> torch.Tensor:
-    b, hq, t, d = query.shape
+    hkv, dv = _geometry(segments)
     g = hq // hkv
-    dv = segments[0].values.shape[-1]
-    device = query.device
     scale = d**-0.5 if scale is None else scale
-    q = query.float().reshape(b, hkv, g * t, d)  # query head = kv head * G + g: rows g-major, then t
-    v_rot = _value_rotation(segments, dv, device)
-    chunk_bytes = min(max(CHUNK_FRACTION * _archive_bytes(segments), MIN_CHUNK_BYTES), MAX_CHUNK_BYTES)
-    s_total = sum(seg.tokens for seg in segments)
-    scores = torch.empty((b, hkv, g * t, s_total), dtype=torch.float32, device=device)
-
-    spans = []  # (position, segment, tokens per chunk)
+    q = (query.float() * scale).reshape(b, hkv, g * t, d)  # query head = kv head * G + g: rows g-major, then t
+    bias = _bias(mask, b, hkv, g, t)  # (B, Hkv|1, G|1, T, S) or None
+    max_tokens = max(1, SCORE_BYTES // (b * hkv * g * t * 4))
+    out = total = peak = None
     pos = 0
-    for seg in segments:
-        if isinstance(seg, Raw):
-            keys = seg.keys.float()
-            scores[..., pos : pos + seg.tokens].copy_(q @ keys.transpose(2, 3))
-            spans.append((pos, seg, seg.tokens))
-        else:
-            kl, vl = layout_of(seg.key_codec), layout_of(seg.value_codec)
-            unit = math.lcm(seg.key_codec.block_tokens, seg.value_codec.block_tokens, kl.block, vl.block)
-            per_token = b * hkv * 4 * max(d * kl.k / kl.block, dv * vl.k / vl.block)
-            step = max(unit, int(chunk_bytes // per_token) // unit * unit)
-            step = min(step, -(-seg.tokens // unit) * unit)
-            keys = _Rows(seg.key_codec, seg.keys, d, device, step * kl.k // kl.block)
-            qk = q if keys.q is None else q @ keys.q
-            for lo in range(0, seg.tokens, step):
-                hi = min(seg.tokens, lo + step)
-                scores[..., pos + lo : pos + hi].copy_(keys.to_tokens(keys.scores(qk, lo, hi)))
-            del keys  # its buffers go before the values' are made
-            spans.append((pos, seg, step))
-        pos += seg.tokens
-
-    scores.mul_(scale)
-    if mask is not None:
-        scores.view(b, hkv, g, t, s_total).add_(_bias(mask, b, hkv, g, t))
-    peak = scores.amax(-1, keepdim=True)
-    peak = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)  # rows that see nothing
-    weights = scores.sub_(peak).exp_()  # (B, Hkv, G*T, S), unnormalized
-    total = weights.sum(-1, keepdim=True)
-
-    out = torch.zeros((b, hkv, g * t, dv), dtype=torch.float32, device=device)
-    for pos, seg, step in spans:
-        if isinstance(seg, Raw):
-            values = seg.values.float()
-            values = values if v_rot is None else values @ v_rot
-            out.add_(weights[..., pos : pos + seg.tokens] @ values)
+    for group in _passes(_pieces(segments, q, max_tokens, (d, dv)), max_tokens):
+        parts = [piece.scores(q) for piece in group]
+        scores = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (B, Hkv, G*T, n)
+        n = scores.shape[-1]
+        masked = bias is not None and _masks_any(mask, pos, n)
+        if masked:
+            scores.view(b, hkv, g, t, n).add_(bias[..., pos : pos + n])
+        m = scores.amax(-1, keepdim=True)
+        m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m) if masked else m  # rows seeing nothing
+        weights = scores.sub_(m_safe).exp_()  # unnormalized
+        part_total = weights.sum(-1, keepdim=True)
+        at = 0
+        part = None
+        for piece in group:
+            contribution = piece.weighted(weights[..., at : at + piece.tokens])
+            part = contribution if part is None else part.add_(contribution)
+            at += piece.tokens
+        pos += n
+        if out is None:
+            out, total, peak = part, part_total, m
             continue
-        vl = layout_of(seg.value_codec)
-        values = _Rows(seg.value_codec, seg.values, dv, device, step * vl.k // vl.block)
-        for lo in range(0, seg.tokens, step):
-            hi = min(seg.tokens, lo + step)
-            out.add_(values.to_rows(weights[..., pos + lo : pos + hi]) @ values.rows(lo, hi))
-        del values
-    out.div_(total)
-    if v_rot is not None:
-        out = out @ v_rot.T
+        new_peak = torch.maximum(peak, m)
+        new_safe = torch.where(torch.isinf(new_peak), torch.zeros_like(new_peak), new_peak)
+        alpha, beta = torch.exp(peak - new_safe), torch.exp(m_safe - new_safe)
+        out = out.mul_(alpha).add_(part.mul_(beta))
+        total = total.mul_(alpha).add_(part_total.mul_(beta))
+        peak = new_peak
+    out = out.div_(total)
     return out.reshape(b, hq, t, dv).to(query.dtype)
-

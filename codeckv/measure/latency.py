@@ -1,17 +1,30 @@
-"""Decode latency of tiers against native, with and without a decoded view (python -m codeckv latency).
+"""Decode latency of tiers against native (python -m codeckv latency).
 
-Each (tier, view) pair is one run_side_by_side on the same prompt: the native cache and the codec cache
-generate in turns, token by token, so each row's native and codec medians come from the same moments.
-materialization_free=True keeps no decoded view: attention reads the stored codes (Triton on CUDA).
+latency_table: each (tier, view) pair is one run_side_by_side on the same prompt: the native cache and
+the codec cache generate in turns, token by token, so each row's native and codec medians come from the
+same moments. materialization_free=True keeps no decoded view: attention reads the stored codes.
+
+codes_latency_table (`--contexts 1024,4096,8192`): attention on the stored codes only, at several context
+lengths, every tier's cache decoding in turns with one native cache per context.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable
 
-from codeckv.measure.side_by_side import Prompt, prompt_ids, run_side_by_side
+import torch
+from transformers import DynamicCache
+
+from codeckv.cache import CodecCache, footprint
+from codeckv.generate import next_logits
+from codeckv.measure.corpus import corpus_windows
+from codeckv.measure.side_by_side import PREFILL_CHUNK, Prompt, prompt_ids, run_side_by_side
 from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier
+
+WARMUP_STEPS = 2  # decode steps of every run before timing starts (codes_latency_table)
 
 
 def latency_table(
@@ -49,3 +62,82 @@ def latency_table(
             if progress:
                 progress(f"{tier.name}{' materialization-free' if materialization_free else ''}")
     return rows
+
+
+def codes_latency_table(
+    loaded: LoadedModel,
+    contexts: list[int],
+    tiers: list[str | Tier],
+    max_new_tokens: int = 32,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Decode ms/token with attention on the stored codes against native, one row per context and tier.
+
+    Per context: one native prefill of the first N corpus tokens (PREFILL_CHUNK tokens per forward);
+    every tier's cache is converted from it (CodecCache.from_cache, materialization_free=True, so no
+    decoded view); then the native cache and every tier's cache generate greedily in turns, one token
+    each (round robin, the order reversed every round), so all medians of a context come from the same
+    moments. The first WARMUP_STEPS steps are not timed. `native_bytes` is the native cache's tensors,
+    `resident_bytes` what the codec cache holds (footprint), both after the last step.
+    """
+    if max_new_tokens <= WARMUP_STEPS:
+        raise ValueError(f"codes_latency_table: max_new_tokens={max_new_tokens} leaves no timed step "
+                         f"(allowed: more than {WARMUP_STEPS})")
+    tiers = [as_tier(t) for t in tiers]
+    rows = []
+    for context in contexts:
+        ids = corpus_windows(loaded.tokenizer, 1, context).to(loaded.model.device)
+        native = DynamicCache(config=loaded.model.config)
+        start = time.perf_counter()
+        for lo in range(0, context, PREFILL_CHUNK):
+            logits = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], native)
+        prefill_s = time.perf_counter() - start
+        runs = [_Decoder("native", native, logits)]
+        runs += [_Decoder(t.name, CodecCache.from_cache(native, t, materialization_free=True), logits) for t in tiers]
+        for step in range(max_new_tokens):
+            for run in runs if step % 2 == 0 else reversed(runs):
+                run.step(loaded.model, timed=step >= WARMUP_STEPS)
+        base = runs[0]
+        native_ms = statistics.median(base.seconds) * 1e3
+        native_bytes = sum(t.numel() * t.element_size() for layer in native.layers for t in (layer.keys, layer.values))
+        for run in runs[1:]:
+            held = footprint(run.cache)
+            codec_ms = statistics.median(run.seconds) * 1e3
+            rows.append({
+                "tier": run.label,
+                "context": context,
+                "device": loaded.info.device,
+                "dtype": loaded.info.dtype,
+                "threads": torch.get_num_threads(),
+                "new_tokens": max_new_tokens,
+                "native_decode_ms": round(native_ms, 2),
+                "codes_decode_ms": round(codec_ms, 2),
+                "latency_ratio": round(codec_ms / native_ms, 3),
+                "native_prefill_s": round(prefill_s, 2),
+                "token_match": sum(a == b for a, b in zip(run.tokens, base.tokens)) / max_new_tokens,
+                "native_bytes": native_bytes,
+                "resident_bytes": held.resident_bytes,
+                "resident_vs_native": round(held.resident_bytes / native_bytes, 4),
+            })
+            if progress:
+                progress(f"{run.label} at {context}")
+    return rows
+
+
+class _Decoder:
+    """One cache generating greedily after the prefill's logits, timing every forward."""
+
+    def __init__(self, label: str, cache, logits: torch.Tensor) -> None:
+        self.label, self.cache = label, cache
+        self.next_id = logits.argmax(-1, keepdim=True)  # (1, 1)
+        self.tokens: list[int] = []
+        self.seconds: list[float] = []
+
+    def step(self, model, timed: bool) -> None:
+        """Feed the last greedy token, pick the next one."""
+        self.tokens.append(int(self.next_id))
+        start = time.perf_counter()
+        logits = next_logits(model, self.next_id, self.cache)
+        if timed:
+            self.seconds.append(time.perf_counter() - start)
+        self.next_id = logits.argmax(-1, keepdim=True)

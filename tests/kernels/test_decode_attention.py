@@ -25,6 +25,10 @@ CODECS = {  # name -> (key codec, value codec, head_dim)
     "r6-k3-gq4-d48": (R6_GQ4, R6_GQ4, 48),
     "dct-k4-rotated-lloyd-max": (DCT_ROTATED.key, DCT_ROTATED.value, 64),
     "dct-keys-rotated-values": (TIERS["jpeg-k2-int8"].key, TIERS["turbo-4"].value, 64),  # different layouts
+    "rotated-4": (TIERS["rotated-4"].key, TIERS["rotated-4"].value, 64),  # planar 4-bit codes, rotated values
+    "2bit-channel-keys-2bit-values-d48": (GroupQuant(bits=2, group=16, per_channel=True), GroupQuant(bits=2, group=8),
+                                          48),  # 4 planes per byte
+    "4bit-group3-d48": (GroupQuant(bits=4, group=3), GroupQuant(bits=4, group=3), 48),  # odd groups: gathered
 }
 SHAPES = {  # name -> (B, KV heads, group, queries T, archived units, raw sink tokens, raw tail tokens, splits)
     "one-row": (1, 1, 1, 1, 1, 0, 1, 1),
@@ -66,7 +70,7 @@ def test_triton_and_reference_match_materialized_attention(codecs, shape, random
     want = _materialized(query, segments, 0.1)
     ref = decode_attention_ref(query, segments, 0.1, chunk_tokens=16)  # several chunks
     torch.testing.assert_close(ref, want, atol=ATOL, rtol=RTOL, msg="reference vs decode + SDPA")
-    monkeypatch.setattr(fast, "MAX_CHUNK_BYTES", 1)  # one archive unit per chunk: several chunks
+    monkeypatch.setattr(fast, "ROWS_BYTES", 1)  # one archive unit per piece: several pieces in one pass
     assert decode_attention_torch_supported(segments)
     torch.testing.assert_close(decode_attention_torch(query, segments, 0.1), want, atol=ATOL, rtol=RTOL,
                                msg="fast torch path vs decode + SDPA")
@@ -116,8 +120,7 @@ def test_fast_path_takes_queries_in_blocks_under_a_small_score_budget(random_kv,
     query = random_kv((1, 4, t, 64), seed=11)
     pos = torch.arange(s, device=query.device)
     mask = (pos[None, :] <= pos[s - t :, None]).expand(1, 1, t, s)
-    monkeypatch.setattr(fast, "MIN_SCORE_BYTES", 1)
-    monkeypatch.setattr(fast, "SCORE_FRACTION", 1e-9)  # one query per block
+    monkeypatch.setattr(fast, "SCORE_BYTES", 1)  # one piece per pass: passes merged by the online softmax
     torch.testing.assert_close(decode_attention_torch(query, segments, mask=mask),
                                _materialized(query, segments, None, mask), atol=ATOL, rtol=RTOL)
 
@@ -128,3 +131,16 @@ def test_png_needs_the_reference_and_the_public_op_picks_it(random_kv):
     assert not decode_attention_supported(segments) and not decode_attention_torch_supported(segments)
     torch.testing.assert_close(ops.decode_attention(query, segments), _materialized(query, segments, None),
                                atol=ATOL, rtol=RTOL)
+
+
+def test_fast_path_runs_inside_and_outside_inference_mode(random_kv, monkeypatch):
+    """Its reused scratch buffers are first made inside inference mode, then written outside it (and back)."""
+    monkeypatch.setattr(fast, "_SCRATCH", fast._Scratch())
+    codecs = TIERS["turbo-4"]
+    segments = _segments(codecs.key, codecs.value, 64, 1, 2, 2, 0, 3, random_kv)
+    query = random_kv((1, 4, 1, 64), seed=12)
+    with torch.inference_mode():
+        inside = decode_attention_torch(query, segments)
+    outside = decode_attention_torch(query, segments)
+    torch.testing.assert_close(outside, inside, atol=0, rtol=0)
+    torch.testing.assert_close(outside, _materialized(query, segments, None), atol=ATOL, rtol=RTOL)

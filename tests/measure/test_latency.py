@@ -1,0 +1,27 @@
+"""codes_latency_table and `latency --contexts`: attention on the stored codes against native, per context and tier."""
+
+import pytest
+
+from codeckv.__main__ import main
+from codeckv.measure.latency import codes_latency_table
+
+
+def test_codes_latency_has_a_row_per_context_and_tier(loaded):
+    rows = codes_latency_table(loaded, [40, 72], ["turbo-4", "int8"], max_new_tokens=4)
+    assert [(r["tier"], r["context"]) for r in rows] == [("turbo-4", 40), ("int8", 40), ("turbo-4", 72), ("int8", 72)]
+    for row in rows:
+        assert row["native_decode_ms"] > 0 and row["codes_decode_ms"] > 0
+        assert row["latency_ratio"] == pytest.approx(row["codes_decode_ms"] / row["native_decode_ms"], rel=0.02)
+        assert 0 <= row["token_match"] <= 1
+        assert row["resident_bytes"] < row["native_bytes"], "no decoded view: the codec cache holds less than native"
+
+
+def test_codes_latency_needs_a_timed_step(loaded):
+    with pytest.raises(ValueError, match="no timed step"):
+        codes_latency_table(loaded, [40], ["turbo-4"], max_new_tokens=2)
+
+
+def test_latency_cli_rejects_bad_contexts(capsys):
+    assert main(["latency", "--contexts", "1k,4k"]) == 2
+    assert "comma-separated positive token counts" in capsys.readouterr().err
+    assert main(["latency", "--contexts", "1024", "--context", "512"]) == 2
