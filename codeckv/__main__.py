@@ -437,8 +437,8 @@ def _parser() -> argparse.ArgumentParser:
     memory.add_argument("--contexts", type=_positive, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
                         help="prompt tokens (default 1024 2048 4096 8192 16384)")
     memory.add_argument("--new-tokens", type=_positive, default=64, help="greedy tokens after the prompt (default 64)")
-    memory.add_argument("--tiers", nargs="+", type=_tier_name, default=["int8", "turbo-4", "turbo-3", "pca-8x",
-                        "pca-16x"], help="tier names; native always runs (default int8 turbo-4 turbo-3 pca-8x pca-16x)")
+    memory.add_argument("--tiers", nargs="+", type=_tier_name, default=["int8", "turbo-4", "pca-8x"],
+                        help="tier names; native always runs (default int8 turbo-4 pca-8x)")
     memory.add_argument("--out", help="CSV path (default out/memory-<model>.csv)")
     memory.add_argument("--charts", help="folder for the charts (default out/memory-<model>)")
 
