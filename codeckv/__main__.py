@@ -266,6 +266,8 @@ def _saved_size(args: argparse.Namespace) -> None:
     from codeckv.tiers import TIERS, get_tier
 
     tiers = [get_tier(name) for name in args.tiers] if args.tiers else [t for t in TIERS.values() if not t.is_native]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     name = loaded.info.name.replace("/", "_")
     with tqdm(total=len(tiers), desc="saved-size") as bar:
@@ -360,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     saved.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
     saved.add_argument("--context", type=int, default=2048, help="prefilled corpus tokens (default 2048)")
     saved.add_argument("--tiers", nargs="*", help="tier names (default: every codec tier)")
+    saved.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
     saved.add_argument("--files", help="folder for the saved cache files (default out/saved-size-<model>)")
     saved.add_argument("--out", help="CSV path (default assets/saved-size-<model>.csv)")
     saved.set_defaults(run=_saved_size)
