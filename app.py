@@ -2,7 +2,8 @@
 
 Tabs: Chat (native vs codec cache, streamed side by side, on a question or a long document), Inspect
 (KV heatmaps, DCT spectra, per-layer errors), Tier sweep (every tier on long text with error bars, or
-on one chat prompt), Needle (pass-key retrieval over lengths and depths).
+on one chat prompt), Needle (pass-key retrieval over lengths and depths), Memory (what each cache holds
+over a turn, against native, by context length).
 `python app.py` serves on $GRADIO_SERVER_NAME:$PORT (default 127.0.0.1:7860).
 """
 
@@ -48,6 +49,7 @@ from codeckv.service import (
     INSPECT_GPU_SECONDS,
     LONG_GPU_SECONDS,
     LONG_TEXT,
+    MEMORY_CONTEXTS,
     METRICS,
     NEEDLE_DEPTHS,
     NEEDLE_LENGTHS,
@@ -61,6 +63,7 @@ from codeckv.service import (
     chat_stream,
     fresh_stop,
     inspect_request,
+    memory_request,
     needle_cells,
     needle_request,
     needle_table,
@@ -69,8 +72,8 @@ from codeckv.service import (
     sweep_request,
     sweep_token_kld,
 )
+from codeckv.sessions import IDLE
 from codeckv.tiers import TIERS
-from kernels import backend_name
 
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
 EXAMPLES = [line for line in (Path(__file__).parent / "assets" / "examples.txt").read_text().splitlines() if line]
@@ -114,7 +117,7 @@ def guarded(handler):
 
 @gpu(duration=chat_gpu_seconds)
 @guarded
-def chat_turn(message, document, upload, model_name, tier_name, max_new_tokens, materialization_free, *rest):
+def chat_turn(message, document, upload, model_name, tier_name, max_new_tokens, decoded_view, *rest):
     """Stream one turn in both panels; both caches see the same conversation (the native replies)."""
     *advanced, session = rest
     session = session if isinstance(session, ChatSession) else ChatSession()
@@ -125,7 +128,8 @@ def chat_turn(message, document, upload, model_name, tier_name, max_new_tokens, 
     user, shown = with_document(message, one_of(document, "document", DOCUMENTS) if document else None, upload)
     try:
         with POOL.lease(model_name) as loaded:
-            turn = chat_stream(loaded, session, user, shown, tier, max_new_tokens, bool(materialization_free), limits)
+            on_codes = False if decoded_view is True else None  # None: on the codes wherever the tier allows
+            turn = chat_stream(loaded, session, user, shown, tier, max_new_tokens, on_codes, limits)
             for native, codec, native_stats, codec_stats in turn:
                 yield native, codec, native_stats, codec_stats, "", None, None, session
     finally:
@@ -153,21 +157,22 @@ def download_cache(session):
 @gpu(duration=RESUME_GPU_SECONDS)
 @guarded
 def resume_chat(upload, model_name, session):
-    """Continue the conversation of an uploaded .kvc file; the tier controls follow the file."""
+    """Continue the conversation of an uploaded .kvc file; the tier and view controls follow the file."""
     session = session if isinstance(session, ChatSession) else ChatSession()
     try:
         with POOL.lease(model_name) as loaded:
-            native, codec, native_note, codec_note, tier, free = chat_resume(loaded, session, upload,
+            native, codec, native_note, codec_note, tier, on_codes = chat_resume(loaded, session, upload,
                                                                              Limits.from_env())
     finally:
         release_memory()
-    return native, codec, native_note, codec_note, tier, free, False, None, session
+    return native, codec, native_note, codec_note, tier, not on_codes, False, None, session
 
 
 def clear_chat(session):
     """Forget the conversation and release both caches."""
     if isinstance(session, ChatSession):
         session.clear()
+        IDLE.forget(session)
     release_memory()
     return [], [], "", "", session
 
@@ -231,12 +236,25 @@ def run_needle(lengths, depths, tiers, model_name, stop=None, progress=gr.Progre
     return needle_figure(grid), needle_table(grid), str(path)
 
 
+@gpu(duration=LONG_GPU_SECONDS)
+@guarded
+def run_memory(contexts, tiers, new_tokens, model_name, stop=None, progress=gr.Progress()):  # noqa: B008
+    """Held, peak and at-rest bytes of native and every chosen tier over prompt lengths: charts, table, CSV."""
+    report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
+    try:
+        with POOL.lease(model_name) as loaded:
+            table, figures, rows = memory_request(loaded, contexts, tiers, new_tokens, report, stop=fresh_stop(stop))
+    finally:
+        release_memory()
+    return figures["held"], figures["peak"], table, str(write_csv(rows, REPORTS.fresh() / "memory.csv"))
+
+
 @guarded
 def model_panel(model_name):
     """Load (once) the chosen model and describe it; slider ranges follow its shape."""
     info = POOL.get(model_name).info
     return (
-        model_markdown(info, backend_name()),
+        model_markdown(info),
         gr.update(maximum=len(info.layer_types) - 1),
         gr.update(maximum=info.num_kv_heads - 1),
     )
@@ -272,6 +290,7 @@ def release_session(session) -> None:
     """The browser tab closed (or the session expired): drop its caches."""
     if isinstance(session, ChatSession):
         session.clear()
+        IDLE.forget(session)
 
 
 MODELS = POOL.allowed() or [DEFAULT_MODEL]
@@ -292,8 +311,9 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             tier_name = gr.Dropdown(CODEC_TIERS, value="turbo-4", label="codec tier", scale=2)
             max_tokens = gr.Slider(8, LIMITS.max_new_tokens, value=min(96, LIMITS.max_new_tokens), step=8,
                                    label="max new tokens", scale=2)
-            materialization_free = gr.Checkbox(
-                label="materialization-free: attention reads the stored codes, no decoded view", value=False, scale=1
+            decoded_view = gr.Checkbox(
+                label="keep a decoded view (opt-in; by default attention reads the stored codes)", value=False,
+                scale=1,
             )
         chat_advanced = advanced_settings()
         with gr.Accordion("Long document: ask about a text, so the archive holds most of the context", open=False):
@@ -391,9 +411,28 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         needle_answers = gr.Dataframe(label="answers", interactive=False, elem_id="needle-results")
         needle_csv = gr.File(label="download CSV")
 
+    with gr.Tab("Memory"):
+        gr.Markdown("What each cache really holds over a turn (prompt in 512-token chunks, then greedy tokens), "
+                    "measured now in this process from the tensors themselves: **held** at the end, the **peak** "
+                    "after any forward, and **at rest** between turns (a decoded view dropped). A tier runs on its "
+                    "stored codes where a kernel reads them, and with a decoded view. The process-wide peak of "
+                    "each turn, one fresh process per row: `python -m codeckv memory`.")
+        with gr.Row():
+            memory_contexts = gr.CheckboxGroup(list(MEMORY_CONTEXTS), value=[1024, 2048, 4096], label="prompt tokens")
+            memory_tokens = gr.Slider(1, 64, value=16, step=1, label="new tokens per turn")
+        memory_tiers = gr.CheckboxGroup(CODEC_TIERS, value=["turbo-4", "pca-8x"], label="tiers (beside native)")
+        with gr.Row():
+            memory_button = gr.Button("Measure memory", variant="primary", scale=4)
+            memory_stop = gr.Button("Stop", scale=1)
+        with gr.Row():
+            memory_held = gr.Plot(label="held vs context")
+            memory_peak = gr.Plot(label="peak held vs context")
+        memory_rows = gr.Dataframe(label="bytes per cache", interactive=False, elem_id="memory-results")
+        memory_csv = gr.File(label="download CSV")
+
     demo.load(model_panel, model_name, [model_info, layer, head])
     model_name.change(model_panel, model_name, [model_info, layer, head])
-    chat_inputs = [message, document, upload, model_name, tier_name, max_tokens, materialization_free,
+    chat_inputs = [message, document, upload, model_name, tier_name, max_tokens, decoded_view,
                    *chat_advanced, session]
     chat_outputs = [native_chat, codec_chat, native_stats, codec_stats, message, document, upload, session]
     turns = [
@@ -404,7 +443,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
                api_name=False)
     save_cache.click(download_cache, session, cache_file, api_name="download_cache")
     resume.click(resume_chat, [resume_upload, model_name, session],
-                 [native_chat, codec_chat, native_stats, codec_stats, tier_name, materialization_free,
+                 [native_chat, codec_chat, native_stats, codec_stats, tier_name, decoded_view,
                   chat_advanced[0], resume_upload, session], api_name="resume_cache")
     cleared = [native_chat, codec_chat, native_stats, codec_stats, session]
     clear.click(clear_chat, session, cleared, cancels=turns, api_name=False)
@@ -429,7 +468,9 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     kld_tier.change(sweep_token_kld, [sweep_state, kld_tier], token_kld, api_name=False)
     needle_button.click(run_needle, [needle_lengths, needle_depths, needle_tiers, model_name, stop_flag],
                         [needle_plot, needle_answers, needle_csv], api_name="needle")
-    for button in (sweep_stop, needle_stop):
+    memory_button.click(run_memory, [memory_contexts, memory_tiers, memory_tokens, model_name, stop_flag],
+                        [memory_held, memory_peak, memory_rows, memory_csv], api_name="memory")
+    for button in (sweep_stop, needle_stop, memory_stop):
         button.click(request_stop, stop_flag, None, queue=False, api_name=False)
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ row layouts from `codeckv.codecs.layout`, can be imported without importing the 
 
 import importlib
 
+__version__ = "0.1.0"  # the one source: pyproject.toml reads it, `codeckv --version` prints it
+
 _HOMES = {
     "Calibration": "codeckv.calibration",
     "calibrate": "codeckv.calibration",

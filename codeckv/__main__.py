@@ -1,17 +1,26 @@
-"""Command line: python -m codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size ...
+"""Command line: codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size ... (or python -m codeckv)
 
-Tables on stdout; CSV, JSON and HTML files.
+Tables on stdout, progress bars on stderr; CSV, JSON and HTML files under out/ unless --out / --charts
+say where (the README's commands that regenerate the committed CSVs pass --out assets/...).
+The hub is used as huggingface_hub is told: `--offline` (or HF_HUB_OFFLINE=1) keeps a run off the
+network; otherwise a hub id downloads once into the HF cache. Exit status: 0 done, 1 a runtime
+error (one line on stderr), 2 a usage error (argparse), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
+
+from codeckv import __version__
 
 DEFAULT_PROMPT = "Explain in a few sentences how a key-value cache speeds up text generation in a transformer."
 
@@ -37,23 +46,59 @@ def _bits_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 1,1.5,2)") from None
 
 
+def _tier_name(text: str) -> str:
+    """A preset tier name (argparse type: an unknown name is a usage error listing the allowed ones)."""
+    from codeckv.tiers import get_tier
+
+    try:
+        return get_tier(text).name
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _positive(text: str) -> int:
+    """A whole number >= 1 (argparse type)."""
+    return _whole(text, 1)
+
+
+def _count(text: str) -> int:
+    """A whole number >= 0 (argparse type; 0 = off or the default)."""
+    return _whole(text, 0)
+
+
+def _whole(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{value} is below {low}")
+    return value
+
+
+def _load(args: argparse.Namespace):
+    """Load --model (the embedded default when unset), saying so on stderr: a first load converts or downloads."""
+    from codeckv.models import DEFAULT_MODEL, load_model
+
+    print(f"loading {args.model or DEFAULT_MODEL} ...", file=sys.stderr, flush=True)
+    return load_model(args.model)
+
+
 def _quality(args: argparse.Namespace) -> None:
-    from codeckv.figures import quality_figures
     from codeckv.measure.quality import as_dicts, measure_quality
     from codeckv.measure.table import format_table, write_csv
-    from codeckv.models import load_model
     from codeckv.tiers import TIERS, get_tier, pca_tier
 
-    tiers = [get_tier(name) for name in args.tiers or list(TIERS)]  # unknown names fail before loading
+    tiers = [get_tier(name) for name in args.tiers or list(TIERS)]
     tiers += [pca_tier(bits) for bits in args.pca_bits]
     text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
-    loaded = load_model(args.model)
+    loaded = _load(args)
     bar, progress = _bar("quality")
     start = time.perf_counter()
     run = measure_quality(loaded, tiers, args.windows, args.length, args.source, text, progress)
     bar.close()
     rows = as_dicts(run.rows)
-    columns = ["tier", "ratio_vs_bf16", "steady_state_ratio", "kld", "kld_se", "top1_pct", "top1_se",
+    columns = ["tier", "ratio_vs_bf16", "steady_state_ratio", "held_bytes", "kld", "kld_se", "top1_pct", "top1_se",
                "delta_nll_pct", "delta_nll_se", "nll", "entropy_coded_bytes"]
     print(format_table(rows, columns))
     where = "a text file" if text is not None else f"the {args.source}"
@@ -61,8 +106,9 @@ def _quality(args: argparse.Namespace) -> None:
           f"each; took {time.perf_counter() - start:.1f} s")
     name = loaded.info.name.replace("/", "_")
     suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
-    out = args.out or f"assets/quality-{name}{suffix}.csv"
-    paths = _write_figures(quality_figures(run), Path(args.charts or f"out/quality-{name}{suffix}"))
+    out = args.out or f"out/quality-{name}{suffix}.csv"
+    charts = Path(args.charts or f"out/quality-{name}{suffix}")
+    paths = _write_figures(lambda figures: figures.quality_figures(run), charts)
     print(f"wrote {write_csv(rows, out)}, " + ", ".join(str(p) for p in paths))
 
 
@@ -80,11 +126,17 @@ def _prompt(args: argparse.Namespace, loaded, default_context: int = 0):
     return text if args.raw else [{"role": "user", "content": text}]
 
 
-def _write_figures(figures: dict, out: Path) -> list[Path]:
-    """Standalone HTML, plotly.js embedded so the files open offline."""
+def _write_figures(make: Callable, out: Path) -> list[Path]:
+    """Standalone HTML of make(codeckv.figures), plotly.js embedded so the files open offline.
+
+    None without plotly (the `app` extra): the tables and CSVs do not need it.
+    """
+    if importlib.util.find_spec("plotly") is None:
+        print("charts skipped: plotly is not installed (pip install 'codeckv[app]')", file=sys.stderr)
+        return []
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, fig in figures.items():
+    for name, fig in make(importlib.import_module("codeckv.figures")).items():
         path = out / f"{name}.html"
         fig.write_html(path, include_plotlyjs=True)
         paths.append(path)
@@ -92,14 +144,12 @@ def _write_figures(figures: dict, out: Path) -> list[Path]:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from codeckv.figures import sweep_figures
     from codeckv.measure.sweep import as_dicts, sweep
     from codeckv.measure.table import format_table, write_csv, write_json
-    from codeckv.models import load_model
     from codeckv.tiers import get_tier
 
-    tiers = [get_tier(name) for name in args.tiers] if args.tiers else None  # unknown names fail before loading
-    loaded = load_model(args.model)
+    tiers = [get_tier(name) for name in args.tiers] if args.tiers else None
+    loaded = _load(args)
     prompt = _prompt(args, loaded)
     bar, progress = _bar("sweep")
     start = time.perf_counter()
@@ -122,26 +172,22 @@ def _sweep(args: argparse.Namespace) -> None:
                          "token_nll_native": c.token_nll_native, "token_nll_codec": c.token_nll_codec}
                  for label, c in result.comparisons.items()},
     }, out / "sweep.json")
-    paths = _write_figures(sweep_figures(result), out)
+    paths = _write_figures(lambda figures: figures.sweep_figures(result), out)
     print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, " + ", ".join(str(p) for p in paths))
 
 
 def _inspect(args: argparse.Namespace) -> None:
     from dataclasses import asdict
 
-    from codeckv.figures import inspect_figures
     from codeckv.measure.inspect import capture_kv, inspect_capture
     from codeckv.measure.table import format_table, write_csv, write_json
-    from codeckv.models import load_model
 
-    loaded = load_model(args.model)
+    loaded = _load(args)
     prompt = _prompt(args, loaded, default_context=128)
-    with tqdm(total=3, desc="inspect") as bar:
+    with tqdm(total=2, desc="inspect") as bar:
         capture = capture_kv(loaded, prompt)
         bar.update()
         view = inspect_capture(capture, args.tier, args.layer, args.head)
-        bar.update()
-        figures = inspect_figures(view)
         bar.update()
     rows = [asdict(e) for e in view.layers]
     print(format_table(rows, [c for c in rows[0] if c != "layer_type"]))
@@ -151,19 +197,17 @@ def _inspect(args: argparse.Namespace) -> None:
     out = Path(args.out or f"out/inspect-{loaded.info.name.replace('/', '_')}-{view.tier}")
     write_csv(rows, out / "layers.csv")
     write_json({"model": loaded.info.name, **view.summary()}, out / "inspect.json")
-    paths = _write_figures(figures, out)
+    paths = _write_figures(lambda figures: figures.inspect_figures(view), out)
     print(f"wrote {out / 'layers.csv'}, {out / 'inspect.json'}, " + ", ".join(str(p) for p in paths))
 
 
 def _needle(args: argparse.Namespace) -> None:
     from codeckv.measure.needle import as_dicts, needle_grid
     from codeckv.measure.table import format_table, write_csv
-    from codeckv.models import load_model
-    from codeckv.plots import needle_figure
     from codeckv.tiers import get_tier
 
-    tiers = [get_tier(name) for name in args.tiers]  # unknown names fail before loading
-    loaded = load_model(args.model)
+    tiers = [get_tier(name) for name in args.tiers]
+    loaded = _load(args)
     bar, progress = _bar("needle", unit="cell")
     start = time.perf_counter()
     grid = needle_grid(loaded, tiers, args.lengths, args.depths, progress)
@@ -173,30 +217,43 @@ def _needle(args: argparse.Namespace) -> None:
     print(format_table(summary))
     print(f"retrieved / depths {', '.join(f'{d:g}' for d in grid.depths)}; took {time.perf_counter() - start:.1f} s")
     name = loaded.info.name.replace("/", "_")
-    out = args.out or f"assets/needle-{name}.csv"
-    paths = _write_figures({"needle": needle_figure(grid)}, Path(args.charts or f"out/needle-{name}"))
+    out = args.out or f"out/needle-{name}.csv"
+    paths = _write_figures(lambda figures: {"needle": figures.plots.needle_figure(grid)},
+                           Path(args.charts or f"out/needle-{name}"))
     print(f"wrote {write_csv(as_dicts(grid.rows), out)}, " + ", ".join(str(p) for p in paths))
 
 
 def _prompt_arguments(parser: argparse.ArgumentParser, without_prompt: str) -> None:
-    parser.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
     parser.add_argument("--prompt", default=None, help=f"the user's message, a chat turn (default: {without_prompt})")
     parser.add_argument("--raw", action="store_true", help="feed --prompt as raw text, without the chat template")
-    parser.add_argument("--context", type=int, default=0, help="use the first N corpus tokens as a raw prompt")
+    parser.add_argument("--context", type=_count, default=0, help="use the first N corpus tokens as a raw prompt")
 
 
 def _memory(args: argparse.Namespace) -> None:
-    from dataclasses import asdict
-
-    from codeckv.measure.memory import memory_table
+    from codeckv.measure.memory import beside_native, memory_row_isolated, modes_of
     from codeckv.measure.table import format_table, write_csv
-    from codeckv.models import load_model
 
-    loaded = load_model(args.model)
-    rows = [asdict(r) for r in memory_table(loaded, args.tiers, args.context, args.decode)]
-    print(format_table(rows))
-    out = args.out or f"assets/memory-{loaded.info.name.replace('/', '_')}-{args.context}.csv"
-    print(f"wrote {write_csv(rows, out)}")
+    plan = [(t, m, c) for c in args.contexts for t in dict.fromkeys(["native", *args.tiers]) for m in modes_of(t)]
+    rows = []
+    with tqdm(total=len(plan), desc="memory", unit="turn") as bar:
+        for tier, mode, context in plan:
+            bar.set_postfix_str(f"{tier} ({mode}) at {context:,} tokens")
+            rows.append(memory_row_isolated(args.model, tier, mode, context, args.new_tokens))
+            bar.update(1)
+    table = beside_native(rows)
+    mib = [{**r, **{k: r[k] / 2**20 for k in ("held_bytes", "peak_held_bytes", "at_rest_bytes", "process_peak_bytes")}}
+           for r in table]
+    print(format_table(mib, ["context", "tier", "mode", "held_bytes", "held_vs_native", "peak_held_bytes",
+                             "at_rest_bytes", "process_peak_bytes", "process_peak_saving_of_native", "seconds"]))
+    print(f"MiB; one fresh process per row; {rows[0].process_peak_source}; {args.new_tokens} new tokens per turn")
+    name = (args.model or "smollm2-135m").replace("/", "_")
+    out = args.out or f"out/memory-{name}.csv"
+    paths = _write_figures(lambda figures: {
+        "memory-held": figures.plots.memory_figure(table),
+        "memory-process-peak": figures.plots.memory_figure(table, "process_peak_bytes",
+                                                           "Process peak over the turn vs context"),
+    }, Path(args.charts or f"out/memory-{name}"))
+    print(f"wrote {write_csv(table, out)}, " + ", ".join(str(p) for p in paths))
 
 
 def _prefill(args: argparse.Namespace) -> None:
@@ -206,13 +263,12 @@ def _prefill(args: argparse.Namespace) -> None:
 
     from codeckv.measure.prefill import prefill_table
     from codeckv.measure.table import format_table, write_csv
-    from codeckv.models import load_model
     from codeckv.tiers import TIERS, get_tier
 
     tiers = [get_tier(name) for name in args.tiers] if args.tiers else list(TIERS.values())
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
+    loaded = _load(args)
     total = len(args.tokens) * args.reps * sum(not t.is_native for t in tiers)
     with tqdm(total=total, desc="prefill") as bar:
 
@@ -223,14 +279,13 @@ def _prefill(args: argparse.Namespace) -> None:
         rows = [asdict(r) for r in prefill_table(loaded, tiers, args.tokens, args.reps, not args.no_convert, progress)]
     print(format_table(rows, ["tokens", "tier", "native_s", "prefill_s", "ratio", "convert_s", "convert_ratio"]))
     print(f"{loaded.info.device}, {loaded.info.dtype}, {torch.get_num_threads()} threads, median of {args.reps}")
-    out = args.out or f"assets/prefill-{loaded.info.name.replace('/', '_')}.csv"
+    out = args.out or f"out/prefill-{loaded.info.name.replace('/', '_')}.csv"
     print(f"wrote {write_csv(rows, out)}")
 
 
 def _latency(args: argparse.Namespace) -> None:
     from codeckv.measure.latency import latency_table
     from codeckv.measure.table import format_table, write_csv
-    from codeckv.models import load_model
     from codeckv.tiers import get_tier
 
     tiers = [get_tier(name) for name in args.tiers]
@@ -238,7 +293,7 @@ def _latency(args: argparse.Namespace) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
+    loaded = _load(args)
     prompt = _prompt(args, loaded, default_context=1024)
     with tqdm(total=2 * len(tiers), desc="latency") as bar:
 
@@ -251,7 +306,7 @@ def _latency(args: argparse.Namespace) -> None:
                               "native_prefill_s", "prefill_s", "token_match", "delta_nll_pct", "ratio_vs_bf16"]))
     print(f"{loaded.info.device}, {loaded.info.dtype}: {rows[0]['prompt_tokens']}-token prompt, "
           f"{rows[0]['new_tokens']} new tokens")
-    out = args.out or f"assets/latency-{loaded.info.name.replace('/', '_')}.csv"
+    out = args.out or f"out/latency-{loaded.info.name.replace('/', '_')}.csv"
     print(f"wrote {write_csv(rows, out)}")
 
 
@@ -262,13 +317,12 @@ def _saved_size(args: argparse.Namespace) -> None:
 
     from codeckv.measure.saved_size import saved_size_table
     from codeckv.measure.table import format_table, write_csv
-    from codeckv.models import load_model
     from codeckv.tiers import TIERS, get_tier
 
     tiers = [get_tier(name) for name in args.tiers] if args.tiers else [t for t in TIERS.values() if not t.is_native]
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
+    loaded = _load(args)
     name = loaded.info.name.replace("/", "_")
     with tqdm(total=len(tiers), desc="saved-size") as bar:
 
@@ -283,97 +337,111 @@ def _saved_size(args: argparse.Namespace) -> None:
                               "within_target", "load_ms", "resume_exact"]))
     print(f"{loaded.info.device}, {loaded.info.dtype}, {torch.get_num_threads()} threads: a {args.context}-token "
           "corpus prompt + 8 teacher-forced tokens; restore_ms median of 3; target file <= archive x 1.01 + 4 KiB")
-    out = args.out or f"assets/saved-size-{name}.csv"
+    out = args.out or f"out/saved-size-{name}.csv"
     print(f"wrote {write_csv(rows, out)}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m codeckv", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="codeckv", description=__doc__.splitlines()[0],
+                                     epilog="codeckv COMMAND --help: that command's options")
+    parser.add_argument("--version", action="version", version=f"codeckv {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
+    common.add_argument("--offline", action="store_true",
+                        help="never touch the network (as HF_HUB_OFFLINE=1): models come from the local caches")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    quality = sub.add_parser("quality", help="per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread")
-    quality.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
-    quality.add_argument("--windows", type=int, default=4, help="text windows (default 4)")
-    quality.add_argument("--length", type=int, default=512, help="tokens per window (default 512)")
-    quality.add_argument("--tiers", nargs="*", help="tier names (default: all)")
+    def command(name: str, run, help: str) -> argparse.ArgumentParser:  # noqa: A002 - argparse's own word
+        cmd = sub.add_parser(name, parents=[common], help=help, description=help.replace("%%", "%"))
+        cmd.set_defaults(run=run)
+        return cmd
+
+    quality = command("quality", _quality, "per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread")
+    quality.add_argument("--windows", type=_positive, default=4, help="text windows (default 4)")
+    quality.add_argument("--length", type=_positive, default=512, help="tokens per window (default 512)")
+    quality.add_argument("--tiers", nargs="*", type=_tier_name, help="tier names (default: all)")
     quality.add_argument("--source", default="corpus", choices=["corpus", "docstrings"],
                          help="corpus: the Python reference topics (default); docstrings: the held-out text")
     quality.add_argument("--text-file", help="measure on this UTF-8 text file instead")
     quality.add_argument("--pca-bits", type=_bits_list, default=[], metavar="B,B,...",
                          help="also PCA tiers at these bits per element (rows pca-<B>b: the PCA frontier)")
-    quality.add_argument("--out", help="CSV path (default assets/quality-<model>[-<source>].csv)")
+    quality.add_argument("--out", help="CSV path (default out/quality-<model>[-<source>].csv)")
     quality.add_argument("--charts", help="folder for the HTML charts (default out/quality-<model>[-<source>])")
-    quality.set_defaults(run=_quality)
 
-    sweep = sub.add_parser("sweep", help="per tier on one prompt (one sample): bytes, latency, token match, KLD")
+    sweep = command("sweep", _sweep, "per tier on one prompt (one sample): bytes, latency, token match, KLD")
     _prompt_arguments(sweep, "a question about KV caches")
-    sweep.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
-    sweep.add_argument("--tiers", nargs="*", help="tier names (default: all)")
+    sweep.add_argument("--tokens", type=_positive, default=64, help="new tokens per run (default 64)")
+    sweep.add_argument("--tiers", nargs="*", type=_tier_name, help="tier names (default: all)")
     sweep.add_argument("--no-stop", action="store_true", help="ignore EOS: always generate --tokens tokens")
     sweep.add_argument("--out", help="output folder (default out/sweep-<model>; charts embed plotly.js)")
-    sweep.set_defaults(run=_sweep)
 
-    inspect = sub.add_parser("inspect", help="one tier's K/V heatmaps, DCT spectra and per-layer errors")
+    inspect = command("inspect", _inspect, "one tier's K/V heatmaps, DCT spectra and per-layer errors")
     _prompt_arguments(inspect, "the first 128 corpus tokens")
-    inspect.add_argument("--tier", default="jpeg-k2", help="tier name (default jpeg-k2)")
-    inspect.add_argument("--layer", type=int, default=0, help="layer of the heatmaps (default 0)")
-    inspect.add_argument("--head", type=int, default=0, help="KV head of the heatmaps (default 0)")
+    inspect.add_argument("--tier", default="jpeg-k2", type=_tier_name, help="tier name (default jpeg-k2)")
+    inspect.add_argument("--layer", type=_count, default=0, help="layer of the heatmaps (default 0)")
+    inspect.add_argument("--head", type=_count, default=0, help="KV head of the heatmaps (default 0)")
     inspect.add_argument("--out", help="output folder (default out/inspect-<model>-<tier>)")
-    inspect.set_defaults(run=_inspect)
 
-    needle = sub.add_parser("needle", help="pass-key retrieval per tier over prompt lengths and key depths")
-    needle.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
-    needle.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8000],
+    needle = command("needle", _needle, "pass-key retrieval per tier over prompt lengths and key depths")
+    needle.add_argument("--lengths", type=_positive, nargs="+", default=[1024, 2048, 4096, 8000],
                         help="prompt lengths in tokens (default 1024 2048 4096 8000)")
     needle.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0],
                         help="where the key sits in the filler, 0 = start (default 0 0.25 0.5 0.75 1)")
-    needle.add_argument("--tiers", nargs="+", default=["turbo-4", "turbo-3", "int8", "jpeg-k2"], help="tier names")
-    needle.add_argument("--out", help="CSV path (default assets/needle-<model>.csv)")
+    needle.add_argument("--tiers", nargs="+", type=_tier_name, default=["turbo-4", "turbo-3", "int8", "jpeg-k2"],
+                        help="tier names (default turbo-4 turbo-3 int8 jpeg-k2)")
+    needle.add_argument("--out", help="CSV path (default out/needle-<model>.csv)")
     needle.add_argument("--charts", help="folder for the heatmap (default out/needle-<model>)")
-    needle.set_defaults(run=_needle)
 
-    memory = sub.add_parser("memory", help="archive vs resident bytes at a long context, with and without a view")
-    memory.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
-    memory.add_argument("--context", type=int, default=4096, help="prefilled corpus tokens (default 4096)")
-    memory.add_argument("--decode", type=int, default=16, help="decode steps after the prefill (default 16)")
-    memory.add_argument("--tiers", nargs="+", default=["jpeg-k8-int8", "turbo-4"], help="tier names")
-    memory.add_argument("--out", help="CSV path (default assets/memory-<model>-<context>.csv)")
-    memory.set_defaults(run=_memory)
+    memory = command("memory", _memory, "held, peak and at-rest bytes of each tier vs native over contexts")
+    memory.add_argument("--contexts", type=_positive, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
+                        help="prompt tokens (default 1024 2048 4096 8192 16384)")
+    memory.add_argument("--new-tokens", type=_positive, default=64, help="greedy tokens after the prompt (default 64)")
+    memory.add_argument("--tiers", nargs="+", type=_tier_name, default=["int8", "turbo-4", "turbo-3", "pca-8x",
+                        "pca-16x"], help="tier names; native always runs (default int8 turbo-4 turbo-3 pca-8x pca-16x)")
+    memory.add_argument("--out", help="CSV path (default out/memory-<model>.csv)")
+    memory.add_argument("--charts", help="folder for the charts (default out/memory-<model>)")
 
-    prefill = sub.add_parser("prefill", help="prefill + archiving the prompt vs native prefill, per tier (interleaved)")
-    prefill.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
-    prefill.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096], help="prompt lengths (1024 4096)")
-    prefill.add_argument("--tiers", nargs="*", help="tier names (default: all)")
-    prefill.add_argument("--reps", type=int, default=3, help="repetitions, medians reported (default 3)")
-    prefill.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
+    prefill = command("prefill", _prefill, "prefill + archiving the prompt vs native prefill, per tier (interleaved)")
+    prefill.add_argument("--tokens", type=_positive, nargs="+", default=[1024, 4096], help="prompt lengths (1024 4096)")
+    prefill.add_argument("--tiers", nargs="*", type=_tier_name, help="tier names (default: all)")
+    prefill.add_argument("--reps", type=_positive, default=3, help="repetitions, medians reported (default 3)")
+    prefill.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
     prefill.add_argument("--no-convert", action="store_true", help="skip native prefill + CodecCache.from_cache")
-    prefill.add_argument("--out", help="CSV path (default assets/prefill-<model>.csv)")
-    prefill.set_defaults(run=_prefill)
+    prefill.add_argument("--out", help="CSV path (default out/prefill-<model>.csv)")
 
-    latency = sub.add_parser("latency", help="decode ms/token native vs tiers, with and without a decoded view")
+    latency = command("latency", _latency, "decode ms/token native vs tiers, with and without a decoded view")
     _prompt_arguments(latency, "the first 1024 corpus tokens")
-    latency.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
-    latency.add_argument("--tiers", nargs="+", default=["turbo-4"], help="tier names (default turbo-4)")
-    latency.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
-    latency.add_argument("--out", help="CSV path (default assets/latency-<model>.csv)")
-    latency.set_defaults(run=_latency)
+    latency.add_argument("--tokens", type=_positive, default=64, help="new tokens per run (default 64)")
+    latency.add_argument("--tiers", nargs="+", type=_tier_name, default=["turbo-4"],
+                         help="tier names (default turbo-4)")
+    latency.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
+    latency.add_argument("--out", help="CSV path (default out/latency-<model>.csv)")
 
-    saved = sub.add_parser("saved-size", help="per tier: bytes at rest, view rebuild time, saved file vs archive")
-    saved.add_argument("--model", default=None, help="smollm2-135m (default), gemma3-270m or a hub id")
-    saved.add_argument("--context", type=int, default=2048, help="prefilled corpus tokens (default 2048)")
-    saved.add_argument("--tiers", nargs="*", help="tier names (default: every codec tier)")
-    saved.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
+    saved = command("saved-size", _saved_size, "per tier: bytes at rest, view rebuild time, saved file vs archive")
+    saved.add_argument("--context", type=_positive, default=2048, help="prefilled corpus tokens (default 2048)")
+    saved.add_argument("--tiers", nargs="*", type=_tier_name, help="tier names (default: every codec tier)")
+    saved.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
     saved.add_argument("--files", help="folder for the saved cache files (default out/saved-size-<model>)")
-    saved.add_argument("--out", help="CSV path (default assets/saved-size-<model>.csv)")
-    saved.set_defaults(run=_saved_size)
+    saved.add_argument("--out", help="CSV path (default out/saved-size-<model>.csv)")
+    return parser
 
-    args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status (module docstring) is returned, never raised."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as done:  # --help, --version (0) or a usage error (2)
+        return done.code if isinstance(done.code, int) else 2
+    if args.offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub on import, which happens after this
     try:
         args.run(args)
-    except (ValueError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, RuntimeError, OSError) as err:  # ModelUnavailableError is a RuntimeError
+        print(f"error: {err}".splitlines()[0], file=sys.stderr)
+        return 1
     return 0
 
 

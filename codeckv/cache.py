@@ -7,9 +7,13 @@
 
 One codec layer (codeckv/layers.py) per full-attention layer; sliding-window, linear-attention and
 other layers keep their native transformers layer (hybrid models such as Gemma 3). A PCA tier's layers
-(codeckv/pca_layer.py) each take their layer's coder from a Calibration (codeckv/calibration.py). With
-`materialization_free=True` the codec layers keep no decoded view and attention reads the stored
-codes (codeckv.attention; models from `codeckv.load_model` are already routed there).
+(codeckv/pca_layer.py) each take their layer's coder from a Calibration (codeckv/calibration.py).
+
+Attention reads the stored codes by default (`materialization_free=None`: CodedLayer, no decoded view;
+codeckv.attention, where models from `codeckv.load_model` are already routed), so the cache holds its
+archive and a few raw tokens, not a full-precision copy. A tier whose codes no kernel reads (png's
+deltas, PCA's entropy-coded chunks: `view_reason`) keeps a decoded view instead; `materialization_free=
+False` asks for the view on any tier (the opt-in), True insists on the codes.
 """
 
 from __future__ import annotations
@@ -28,12 +32,16 @@ from transformers.cache_utils import (
 )
 
 from codeckv.calibration import Calibration, calibration_for
+from codeckv.codecs.layout import NoRowLayout
 from codeckv.flush import flush_layers
 from codeckv.footprint import Footprint, LayerFootprint
+from codeckv.kernel_ops import layout_of
 from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
 from codeckv.tiers import Tier, as_tier
+
+CODES, VIEW = "on the stored codes", "on a decoded view"  # CodecCache.attention
 
 
 class CodecCache(Cache):
@@ -43,14 +51,20 @@ class CodecCache(Cache):
         super().__init__(layers=layers)
         self.tier = tier
 
+    @property
+    def attention(self) -> str:
+        """Where attention reads this cache's archived tokens: CODES (no decoded view) or VIEW."""
+        return CODES if any(isinstance(layer, CodedLayer) for layer in self.layers) else VIEW
+
     @classmethod
     def from_config(
-        cls, config, tier: Tier | str, materialization_free: bool = False, calibration: Calibration | None = None,
-        **overrides,
+        cls, config, tier: Tier | str, materialization_free: bool | None = None,
+        calibration: Calibration | None = None, **overrides,
     ) -> CodecCache:
         """Build the cache for a model config; `overrides` replace tier fields (e.g. keep_recent=32).
 
-        materialization_free: CodedLayer (attention on the stored codes, no decoded view) instead of CodecLayer.
+        materialization_free: True = CodedLayer (attention on the stored codes, no decoded view), False =
+        CodecLayer (a decoded view), None = the codes wherever the tier allows (view_reason), else the view.
         calibration: the model's Calibration for a PCA tier (codeckv.calibration.calibration_for), required there.
         """
         tier = _tier(tier, overrides)
@@ -65,7 +79,7 @@ class CodecCache(Cache):
 
     @classmethod
     def from_cache(
-        cls, cache: Cache, tier: Tier | str, materialization_free: bool = False,
+        cls, cache: Cache, tier: Tier | str, materialization_free: bool | None = None,
         calibration: Calibration | None = None, **overrides,
     ) -> CodecCache:
         """Convert a native cache (e.g. a DynamicCache right after a prefill) into a codec cache, in one go.
@@ -149,14 +163,31 @@ def _tier(tier: Tier | str, overrides: dict) -> Tier:
     return dataclasses.replace(tier, **overrides) if overrides else tier
 
 
-def _codec_layer(tier: Tier, materialization_free: bool, calibration: Calibration | None, layer_types: list[str]):
+def view_reason(tier: Tier | str) -> str | None:
+    """Why attention cannot read `tier`'s stored codes, so that its cache keeps a decoded view (None: it can)."""
+    tier = as_tier(tier)
+    if tier.is_native:
+        return "a native cache holds its tokens as they are"
+    if tier.joint is not None:
+        return "keys and values are coded together in entropy-coded chunks, which no attention kernel reads"
+    for side, codec in (("key", tier.key), ("value", tier.value)):
+        layout = layout_of(codec)
+        if isinstance(layout, NoRowLayout):
+            return f"no attention kernel reads its {side} codes ({layout.reason})"
+    return None
+
+
+def _codec_layer(tier: Tier, materialization_free: bool | None, calibration: Calibration | None,
+                 layer_types: list[str]):
     """A function: layer index -> a new codec layer of `tier`, after checking that the tier can be built."""
+    if materialization_free is None:
+        materialization_free = view_reason(tier) is None
     if tier.joint is None:
         codec_layer = CodedLayer if materialization_free else CodecLayer
         return lambda index: codec_layer(tier)
     if materialization_free:
         raise ValueError(f"tier '{tier.name}' codes keys and values jointly with entropy-coded chunks, which no "
-                         "kernel reads: materialization_free=True is not supported (allowed: False)")
+                         "kernel reads: materialization_free=True is not supported (allowed: None or False, a view)")
     if calibration is None:
         raise ValueError(f"tier '{tier.name}' needs the model's calibration: make_cache(loaded, '{tier.name}') with a "
                          "LoadedModel, or calibration=codeckv.calibration.calibration_for(loaded, tier)")
@@ -167,10 +198,13 @@ def _codec_layer(tier: Tier, materialization_free: bool, calibration: Calibratio
     return lambda index: PCALayer(tier, calibration.coders[index])
 
 
-def make_cache(source, tier: Tier | str, materialization_free: bool = False,
+def make_cache(source, tier: Tier | str, materialization_free: bool | None = None,
                calibration: Calibration | None = None, attention_mask: torch.Tensor | None = None,
                **overrides) -> Cache:
     """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache.
+
+    materialization_free: None (default) = attention on the stored codes wherever the tier allows
+    (view_reason says why not), False = keep a decoded view, True = on the codes.
 
     source: a model config, or a LoadedModel (codeckv.load_model), from which a PCA tier's calibration is
     loaded or computed when none is given (codeckv.calibration.calibration_for).
@@ -197,6 +231,21 @@ def footprint(cache: Cache) -> Footprint:
         else:
             result.layers.append(_native_footprint(index, layer))
     return result
+
+
+def held_bytes(cache: Cache) -> int:
+    """Bytes of every tensor `cache` owns now (design.md "held"): archives, raw tokens, decoded views, slack.
+
+    Cheap (nothing is flushed or decoded), so a run can read it after every forward to find its peak.
+    """
+    total = 0
+    for layer in cache.layers:
+        if isinstance(layer, CodecLayer):
+            total += layer.held_bytes()
+        else:
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                total += 0 if t is None else t.numel() * t.element_size()
+    return total
 
 
 def _native_footprint(index: int, layer) -> LayerFootprint:

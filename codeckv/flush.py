@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from codeckv.codecs.base import concat_encoded, split_heads
-from kernels.ops import decode, encode
+from codeckv.kernel_ops import decode, encode
 
 # flush_layers encodes at most about this many bytes of tokens per call. On a CPU, passes over a batch that
 # stays in the cache are faster than fewer passes over one that does not (a 1k-token prompt of smollm2-135m,

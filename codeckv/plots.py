@@ -339,3 +339,24 @@ def needle_figure(grid) -> go.Figure:
     fig.update_xaxes(title_text="prompt tokens", type="category")
     fig.update_yaxes(title_text="depth of the key", type="category", row=1, col=1)
     return themed(fig, "Pass-key retrieval (green: the key is in the greedy answer)")
+
+
+def memory_figure(rows: Sequence, field: str = "held_bytes", title: str = "Held by the cache vs context") -> go.Figure:
+    """Bytes (MiB, log scale) against prompt tokens: one line per tier and mode (measure/memory.py rows)."""
+    fig = go.Figure()
+    series: dict[str, list[dict]] = {}
+    for row in _dicts(rows):
+        if row.get(field, -1) >= 0:
+            name = row["tier"] if row["mode"] == "native" else f"{row['tier']} ({row['mode']})"
+            series.setdefault(name, []).append(row)
+    for index, (name, points) in enumerate(series.items()):
+        points.sort(key=lambda r: r["context"])
+        native = name == "native"
+        fig.add_trace(go.Scatter(
+            x=[r["context"] for r in points], y=[r[field] / 2**20 for r in points], name=name, mode="lines+markers",
+            line=dict(color=NATIVE_COLOR if native else CODEC_COLORS[index % len(CODEC_COLORS)],
+                      dash="dot" if name.endswith("(view)") else "solid", width=3 if native else 2),
+        ))
+    fig.update_yaxes(type="log")
+    fig.update_xaxes(type="log", tickvals=sorted({r["context"] for p in series.values() for r in p}))
+    return themed(fig, title, "prompt tokens", "MiB")

@@ -2,7 +2,7 @@
 
     with POOL.lease("smollm2-135m") as loaded:        # loads once; kept while leased
         ...
-    POOL.allowed()                                    # embedded models installed here + $CODECKV_MODELS
+    POOL.allowed()                                    # embedded models loadable here + $CODECKV_MODELS
 
 - A name is checked against the allowed list before anything else: an unlisted name (a path, an
   unlisted hub id) is refused without touching the filesystem or the network, and the message lists

@@ -5,6 +5,7 @@
     for native, codec, native_stats, codec_stats in chat_stream(loaded, session, user, shown, tier, 96, False, limits):
         ...
     figures, summary = inspect_request(loaded, text, tier, layer=3, head=1, which="K", limits=limits)
+    table, figures, rows = memory_request(loaded, ["1024", "4096"], ["turbo-4", "pca-8x"], 16, progress=cb)
     path = chat_download(loaded, session, folder); native, codec, notes = chat_resume(loaded, session, upload, limits)
 
 Every value is checked here or in codeckv/inputs.py before it reaches a loader, a loop or an
@@ -23,10 +24,12 @@ import plotly.graph_objects as go
 from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure
 from codeckv.formatting import (
     codec_stats_markdown,
+    human_bytes,
     inspect_summary,
     native_stats_markdown,
     progress_markdown,
     quality_table,
+    session_markdown,
     stopped_markdown,
     sweep_table,
 )
@@ -34,6 +37,7 @@ from codeckv.inputs import fits_model, one_of, read_text_file, saved_cache_file,
 from codeckv.limits import Deadline, Limits, StopFlag
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.inspect import inspect_tier
+from codeckv.measure.memory import beside_native, memory_rows, modes_of
 from codeckv.measure.needle import NeedleGrid, needle_grid
 from codeckv.measure.quality import QualityRun, measure_quality
 from codeckv.measure.quality import as_dicts as quality_dicts
@@ -42,8 +46,9 @@ from codeckv.measure.sweep import Sweep, sweep
 from codeckv.measure.sweep import as_dicts as sweep_dicts
 from codeckv.measure.table import write_csv, write_json
 from codeckv.models import LoadedModel
-from codeckv.plots import pareto_figure
+from codeckv.plots import memory_figure, pareto_figure
 from codeckv.saved import read_header, tier_from_spec
+from codeckv.sessions import IDLE
 from codeckv.tiers import TIERS, Tier
 from codeckv.zerogpu import MAX_SECONDS, estimate_seconds
 
@@ -54,6 +59,7 @@ SOURCES = {"embedded corpus (Python reference)": "corpus", "held-out text (stdli
 METRICS = {"KL divergence": "kld", "ΔNLL": "delta_nll_pct"}
 NEEDLE_LENGTHS = (512, 1024, 2048, 4096, 8000)
 NEEDLE_DEPTHS = ("0%", "25%", "50%", "75%", "100%")
+MEMORY_CONTEXTS = (512, 1024, 2048, 4096, 8192)
 Progress = Callable[[int, int, str], None]
 
 
@@ -146,6 +152,28 @@ def needle_request(loaded: LoadedModel, lengths, depths, tiers, progress: Progre
     return needle_grid(loaded, tiers, lengths, depths, until(limits.deadline(), progress, stop))
 
 
+def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: Progress | None = None,
+                   limits: Limits | None = None, stop: StopFlag | None = None) -> tuple[dict, dict, list]:
+    """Held, peak and at-rest bytes of native and every chosen tier over the chosen contexts: table, charts, rows."""
+    limits = limits or Limits.from_env()
+    if not isinstance(contexts, list | tuple) or not contexts:
+        raise ValueError("choose at least one context length")
+    contexts = sorted({int(one_of(str(n), "prompt tokens", map(str, MEMORY_CONTEXTS))) for n in contexts})
+    tiers = tier_names(tiers, allow_native=False) if tiers else []
+    new_tokens = whole(new_tokens, "new tokens", 1, min(64, limits.max_new_tokens))
+    turns = sum(len(modes_of(t)) for t in ["native", *tiers])
+    if sum(contexts) * turns > limits.max_memory_tokens:
+        raise ValueError(f"{turns} caches x {sum(contexts):,} prompt tokens = {sum(contexts) * turns:,} tokens, more "
+                         f"than the {limits.max_memory_tokens:,} allowed per request here: choose fewer")
+    rows = beside_native(memory_rows(loaded, tiers, contexts, new_tokens, until(limits.deadline(), progress, stop)))
+    headers = ["prompt tokens", "tier", "attention", "held", "× native held", "peak held", "at rest", "archive"]
+    data = [[r["context"], r["tier"], r["mode"], human_bytes(r["held_bytes"]), round(r["held_vs_native"], 3),
+             human_bytes(r["peak_held_bytes"]), human_bytes(r["at_rest_bytes"]), human_bytes(r["archive_bytes"])]
+            for r in rows]
+    figures = {"held": memory_figure(rows), "peak": memory_figure(rows, "peak_held_bytes", "Peak held over the turn")}
+    return {"headers": headers, "data": data}, figures, rows
+
+
 def needle_table(grid: NeedleGrid) -> dict:
     """The grid's answers as a display table."""
     data = [[r.tier, r.tokens, f"{r.depth:.0%}", r.key, "yes" if r.retrieved else "no", r.answer] for r in grid.rows]
@@ -170,20 +198,25 @@ def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str
     """
     deadline = limits.deadline()
     fits_model(tier, loaded.info)
-    turn = session.ask(loaded, user, tier, max_new_tokens, materialization_free, shown, limits.max_prompt_tokens)
-    for update in turn:
-        native, codec = chat_panels(session, (shown, update.native.text, update.codec.text))
-        if deadline.passed:
-            last = session.stop()
-            budget = f" (its time budget of {limits.max_request_seconds} s ran out)"
-            native, codec = chat_panels(session)
-            yield native, codec, stopped_markdown(last, "native") + budget, stopped_markdown(last, "codec") + budget
-            return
-        if update.result is None:
-            waiting = progress_markdown(update)
-            yield native, codec, waiting, waiting
-        else:
-            yield native, codec, native_stats_markdown(update.result), codec_stats_markdown(update.result)
+    IDLE.busy(session)  # not evictable while this turn runs
+    try:
+        turn = session.ask(loaded, user, tier, max_new_tokens, materialization_free, shown, limits.max_prompt_tokens)
+        for update in turn:
+            native, codec = chat_panels(session, (shown, update.native.text, update.codec.text))
+            if deadline.passed:
+                last = session.stop()
+                budget = f" (its time budget of {limits.max_request_seconds} s ran out)"
+                native, codec = chat_panels(session)
+                yield native, codec, stopped_markdown(last, "native") + budget, stopped_markdown(last, "codec") + budget
+                return
+            if update.result is None:
+                waiting = progress_markdown(update)
+                yield native, codec, waiting, waiting
+            else:
+                note = session_markdown(session, update.result)
+                yield native, codec, native_stats_markdown(update.result), note + codec_stats_markdown(update.result)
+    finally:
+        IDLE.rest(session, limits.max_idle_mib)  # between turns: at rest, and all idle sessions bounded
 
 
 RESUME_GPU_SECONDS = estimate_seconds(forwards=Limits().max_prompt_tokens // 512 + 1)  # the native re-prefill
@@ -199,7 +232,7 @@ def chat_download(loaded: LoadedModel, session: ChatSession, folder: Path) -> st
 
 def chat_resume(loaded: LoadedModel, session: ChatSession, upload, limits: Limits) -> tuple:
     """Continue a conversation from an uploaded .kvc file: (native panel, codec panel, native note, codec note,
-    tier name, materialization_free), the last two for the Chat's controls.
+    tier name, whether attention reads the codes), the last two for the Chat's controls.
 
     The codec cache comes from the file (every check of codeckv/saved.py, within the operator's size cap); the
     native cache is re-prefilled from the saved token ids. On any error the session is left as it was.
@@ -210,6 +243,7 @@ def chat_resume(loaded: LoadedModel, session: ChatSession, upload, limits: Limit
         raise ValueError(f"this file was saved with a custom tier ('{tier.name}'), which the Chat cannot select "
                          "again (allowed: a preset tier; a library user loads it with codeckv.load_cache)")
     resumed = session.resume(loaded, path, limits.max_cache_file_bytes, limits.max_prompt_tokens)
+    IDLE.rest(session, limits.max_idle_mib)  # idle until its next turn: at rest, counted with the other sessions
     native, codec = chat_panels(session)
     if resumed.restore_s:
         rebuilt = f"its decoded view rebuilt in {1000 * resumed.restore_s:.0f} ms"
@@ -220,7 +254,7 @@ def chat_resume(loaded: LoadedModel, session: ChatSession, upload, limits: Limit
                   "The next message continues this conversation.")
     native_note = (f"Resumed: the native cache re-prefilled from the {resumed.tokens:,} saved token ids in "
                    f"{resumed.native_prefill_s:.2f} s.")
-    return native, codec, native_note, codec_note, tier.name, session.setup[2]
+    return native, codec, native_note, codec_note, tier.name, session.setup[2] is None
 
 
 def inspect_request(loaded: LoadedModel, prompt: str, tier: Tier, layer, head, which,

@@ -19,6 +19,11 @@ The ops live in kernels/ops.py and this package imports nothing until one of the
 package is called `kernels`, and an eager import of codeckv (hence transformers) from here would
 re-enter transformers half-imported. `from kernels.ops import decode_attention` always works; the
 package-level names are bound once kernels.ops is imported (they share names with the submodules).
+
+Its name: a checkout imports this folder as `kernels`; the wheel installs it as `codeckv_kernels`,
+leaving `kernels` to the hub's package of that name (its files import each other relatively, so the
+code is the same under both names). codeckv reaches it only through codeckv/kernel_ops.py, which
+says why and checks that the package it imports is the one beside codeckv.
 """
 
 __all__ = [
@@ -38,7 +43,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name in __all__:
-        from kernels import ops  # binds every public name into this package
+        from . import ops  # binds every public name into this package
 
         return getattr(ops, name)
     raise AttributeError(f"module 'kernels' has no attribute {name!r}")

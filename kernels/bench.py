@@ -20,7 +20,7 @@ repetitions (TIME_BUDGET_S). Methods:
 
 decode_attention rows also give archive_mib (the stored codes and raw tokens the kernels read),
 torch_vs_sdpa (torch ms / native_sdpa ms) and torch_peak_vs_archive (torch peak MiB / archive_mib).
-Prints a table and writes CSV to assets/kernels-bench-<device>.csv (`--threads N`: torch threads on CPU).
+Prints a table and writes CSV to out/kernels-bench-<device>.csv (`--threads N`: torch threads on CPU).
 """
 
 from __future__ import annotations
@@ -39,21 +39,21 @@ import torch
 import torch.nn.functional as F
 
 from codeckv.tiers import TIERS
-from kernels import Coded, Raw
-from kernels.dct_decode import dct_decode_ref, dct_decode_triton
-from kernels.dct_encode import dct_encode_ref, dct_encode_triton
-from kernels.decode_attention import decode_attention_ref, decode_attention_triton
-from kernels.decode_attention_torch import decode_attention_torch
-from kernels.dequant_rotate import dequant_rotate_ref, dequant_rotate_triton
-from kernels.layout import layout_of
-from kernels.rotate_quant import rotate_quant_ref, rotate_quant_triton
+
+from . import Coded, Raw
+from .dct_decode import dct_decode_ref, dct_decode_triton
+from .dct_encode import dct_encode_ref, dct_encode_triton
+from .decode_attention import decode_attention_ref, decode_attention_triton
+from .decode_attention_torch import decode_attention_torch
+from .dequant_rotate import dequant_rotate_ref, dequant_rotate_triton
+from .layout import layout_of
+from .rotate_quant import rotate_quant_ref, rotate_quant_triton
 
 BATCH, KV_HEADS, Q_HEADS, HEAD_DIM = 1, 8, 16, 128
 TIER_NAMES = ("jpeg-k8-int8", "jpeg-k2-int8", "turbo-4")
 QUICK_LENGTHS = (1024, 4096, 16384)
 METHODS = ("triton", "torch", "reference", "materialized", "native_sdpa")
 TIME_BUDGET_S = 3.0  # timed repetitions of one method stop near this many seconds (at least one)
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 _MMAP_FOR_MEMORY = 1 << 16  # blocks above this come from mmap while the peak memory is measured
 _MMAP_FOR_TIMING = 32 << 20  # glibc's largest dynamic threshold (64-bit): the heap serves and reuses blocks
@@ -198,7 +198,7 @@ def run(lengths: list[int], reps: int, out: Path | None) -> list[dict]:
                     rows.append(_measure(meter, head, methods, archive_mib))
                     _print_row(rows[-1], first=len(rows) == 1)
     if out is None:
-        out = ASSETS / f"kernels-bench-{label}.csv"
+        out = Path("out") / f"kernels-bench-{label}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -242,7 +242,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="contexts 1k, 4k, 16k (the default)")
     parser.add_argument("--lengths", type=str, default=None, help="comma-separated contexts, e.g. 1024,65536")
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions (default: 5 on CPU, 50 on GPU)")
-    parser.add_argument("--out", type=Path, default=None, help="CSV path (default: assets/kernels-bench-<device>.csv)")
+    parser.add_argument("--out", type=Path, default=None, help="CSV path (default: out/kernels-bench-<device>.csv)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (default: torch's own choice)")
     args = parser.parse_args()
     if args.threads:

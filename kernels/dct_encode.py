@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 
 from codeckv.codecs.layout import Codec, Encoded, RowLayout, check_input
-from kernels.layout import basis, layout_of, raw_dtype, rotation
-from kernels.triton_helpers import (
+
+from .layout import basis, layout_of, raw_dtype, rotation
+from .triton_helpers import (
     encoder_inputs,
     encoder_meta,
     pow2,

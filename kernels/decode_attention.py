@@ -28,8 +28,9 @@ import triton
 import triton.language as tl
 
 from codeckv.codecs.layout import Codec, Encoded, NoRowLayout, QuantRows, RowLayout, slice_encoded
-from kernels.layout import basis, layout_of, levels, rotation, rows, synthesis_basis, tensors
-from kernels.triton_helpers import load_rows, pow2, quant_meta, row_strides
+
+from .layout import basis, layout_of, levels, rotation, rows, synthesis_basis, tensors
+from .triton_helpers import load_rows, pow2, quant_meta, row_strides
 
 CHUNK_TOKENS = 1024  # tokens per step of the reference (rounded to whole blocks)
 TILE_ELEMENTS = 4096  # elements of the largest per-tile broadcast product (about 100-150 registers)

@@ -26,8 +26,9 @@ import math
 import torch
 
 from codeckv.codecs.layout import Encoded, RowLayout
-from kernels.decode_attention import Coded, Raw, Segment, _bias, _geometry, _value_rotation
-from kernels.layout import basis, layout_of, levels, rotation, rows, tensors
+
+from .decode_attention import Coded, Raw, Segment, _bias, _geometry, _value_rotation
+from .layout import basis, layout_of, levels, rotation, rows, tensors
 
 CHUNK_FRACTION = 1 / 2  # float32 rows of one chunk, as a fraction of the archive's bytes
 MIN_CHUNK_BYTES = 1 << 18  # ... but at least this many bytes of float32 rows per chunk

@@ -12,8 +12,9 @@ import triton
 import triton.language as tl
 
 from codeckv.codecs.layout import Codec, Encoded, RowLayout
-from kernels.layout import layout_of, levels, rotation, tensors
-from kernels.triton_helpers import load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
+
+from .layout import layout_of, levels, rotation, tensors
+from .triton_helpers import load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
 
 TOKENS_PER_TILE = 32  # tokens per program
 

@@ -4,8 +4,10 @@
     x = decode(enc, codec)      # else codec.encode / codec.decode (the reference everywhere)
     out = decode_attention(q, segments, scale, mask)  # Triton | decode_attention_torch | the reference
     backend_name("cuda", codec) # "triton", or "torch (why)" for a codec without a row layout
+    op_backends(key_codec, value_codec, "cuda", head_dim=64)  # per op: which kernel, or torch and why
 
-Imported lazily by kernels/__init__.py (see there why); use them as `kernels.<op>`.
+Imported lazily by kernels/__init__.py (see there why); use them as `kernels.<op>` in a checkout
+(`codeckv_kernels.<op>` where the wheel is installed).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import sys
 
 import torch
 
-from codeckv.codecs.layout import Codec, Encoded, NoRowLayout
-from kernels.dct_decode import dct_decode_ref, dct_decode_supported, dct_decode_triton
-from kernels.dct_encode import dct_encode_ref, dct_encode_supported, dct_encode_triton
-from kernels.decode_attention import (
+from codeckv.codecs.layout import Codec, Encoded, NoRowLayout, RowLayout
+
+from .dct_decode import dct_decode_ref, dct_decode_supported, dct_decode_triton
+from .dct_encode import dct_encode_ref, dct_encode_supported, dct_encode_triton
+from .decode_attention import (
     Coded,
     Raw,
     Segment,
@@ -25,10 +28,10 @@ from kernels.decode_attention import (
     decode_attention_supported,
     decode_attention_triton,
 )
-from kernels.decode_attention_torch import decode_attention_torch, decode_attention_torch_supported
-from kernels.dequant_rotate import dequant_rotate_ref, dequant_rotate_supported, dequant_rotate_triton
-from kernels.layout import layout_of
-from kernels.rotate_quant import rotate_quant_ref, rotate_quant_supported, rotate_quant_triton
+from .decode_attention_torch import decode_attention_torch, decode_attention_torch_supported
+from .dequant_rotate import dequant_rotate_ref, dequant_rotate_supported, dequant_rotate_triton
+from .layout import layout_of
+from .rotate_quant import rotate_quant_ref, rotate_quant_supported, rotate_quant_triton
 
 __all__ = [  # re-exported by kernels/__init__.py
     "Coded",
@@ -41,8 +44,10 @@ __all__ = [  # re-exported by kernels/__init__.py
     "decode_attention",
     "dequant_rotate",
     "encode",
+    "op_backends",
     "rotate_quant",
 ]
+FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16)  # what the Triton encoders read
 
 
 def backend_name(device: torch.device | str | None = None, codec: Codec | None = None) -> str:
@@ -56,6 +61,61 @@ def backend_name(device: torch.device | str | None = None, codec: Codec | None =
         return "torch"
     layout = layout_of(codec) if codec is not None else None
     return f"torch ({layout.reason})" if isinstance(layout, NoRowLayout) else "triton"
+
+
+def op_backends(
+    key_codec: Codec, value_codec: Codec, device: torch.device | str, head_dim: int, dtype: torch.dtype = torch.float32
+) -> dict[str, str]:
+    """The path each op takes for this key/value codec pair on `device`, and why wherever it is torch.
+
+    Keys "encode K", "encode V", "decode K", "decode V" (archiving and the decoded view) and "attention"
+    (decode_attention on the codes, the materialization-free mode). Decided by the same `*_supported`
+    checks the ops run, on a one-block sample of `head_dim` channels in `dtype`.
+    """
+    on_cuda = torch.device(device).type == "cuda"
+    paths, stored = {}, {}
+    for side, codec in (("K", key_codec), ("V", value_codec)):
+        x = torch.zeros(1, 1, codec.block_tokens, head_dim, dtype=dtype)
+        try:
+            enc = stored[side] = codec.encode(x)
+        except ValueError as err:  # the codec itself refuses this shape: no op runs at all
+            return dict.fromkeys(("encode K", "decode K", "encode V", "decode V", "attention"), f"none ({err})")
+        if not on_cuda:
+            paths[f"encode {side}"] = paths[f"decode {side}"] = "torch (no CUDA device)"
+            continue
+        encoder = "dct_encode" if dct_encode_supported(x, codec) else "rotate_quant" if rotate_quant_supported(
+            x, codec) else None
+        decoder = "dct_decode" if dct_decode_supported(enc, codec) else "dequant_rotate" if dequant_rotate_supported(
+            enc, codec) else None
+        why = _why_no_kernel(layout_of(codec), head_dim, dtype)
+        paths[f"encode {side}"] = f"triton {encoder}" if encoder else f"torch ({why})"
+        paths[f"decode {side}"] = f"triton {decoder}" if decoder else f"torch ({why})"
+    coded = [Coded(key_codec, stored["K"], value_codec, stored["V"])]
+    if on_cuda and decode_attention_supported(coded):
+        paths["attention"] = "triton decode_attention (torch where a mask is given: a left-padded batch)"
+    elif decode_attention_torch_supported(coded):
+        reason = "no CUDA device" if not on_cuda else "keys and values differ in block geometry (r, k)"
+        paths["attention"] = f"torch decode_attention_torch ({reason})"
+    else:
+        reasons = {_why_no_kernel(layout_of(c), head_dim, dtype) for c in (key_codec, value_codec)}
+        paths["attention"] = f"torch reference, decodes first ({'; '.join(sorted(reasons))})"
+    return paths
+
+
+def _why_no_kernel(layout: RowLayout | NoRowLayout, head_dim: int, dtype: torch.dtype) -> str:
+    """Why the Triton encoders / decoders do not take this layout (the first condition of theirs it fails)."""
+    if isinstance(layout, NoRowLayout):
+        return layout.reason
+    spec = layout.quant
+    if layout.block == 1 and spec is None:
+        return "raw per-token rows: a plain cast, no kernel"
+    if dtype not in FLOAT_INPUTS:
+        return f"{dtype} tokens (the kernels read float32, float16, bfloat16)"
+    if spec is not None and not (spec.packs(head_dim) and spec.fits(head_dim)):
+        return f"{spec.bits}-bit codes do not tile head_dim {head_dim} into whole bytes and groups of {spec.group}"
+    if layout.rotation is not None and not (head_dim >= 16 and head_dim & (head_dim - 1) == 0):
+        return f"the rotation needs head_dim a power of two >= 16, not {head_dim}"
+    return "no kernel for this layout"
 
 
 def _stored_on_cuda(enc: Encoded) -> bool:
@@ -131,4 +191,4 @@ def decode_attention(
 
 # The op names are also submodule names (kernels/<op>.py), and importing a submodule sets the package
 # attribute to it: bind the functions over them, as an eager kernels/__init__.py would.
-vars(sys.modules["kernels"]).update({name: globals()[name] for name in __all__})
+vars(sys.modules[__package__]).update({name: globals()[name] for name in __all__})

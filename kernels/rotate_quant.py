@@ -15,8 +15,9 @@ import triton
 import triton.language as tl
 
 from codeckv.codecs.layout import Codec, Encoded, RowLayout, check_input
-from kernels.layout import layout_of, rotation
-from kernels.triton_helpers import (
+
+from .layout import layout_of, rotation
+from .triton_helpers import (
     encoder_inputs,
     encoder_meta,
     pow2,

@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 from codeckv.codecs.layout import QuantRows
-from kernels.layout import levels, scale_multiples, search_errors, thresholds
+
+from .layout import levels, scale_multiples, search_errors, thresholds
 
 
 def row_strides(t: torch.Tensor) -> tuple[int, int, int]:

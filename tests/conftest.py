@@ -1,6 +1,10 @@
-"""Shared test set-up: offline, Triton through its interpreter on CPU, one model load per session."""
+"""Shared test set-up: offline, Triton through its interpreter on CPU, one model load per session, fresh venvs."""
 
 import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel import; a GPU run sets TRITON_INTERPRET=0
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,3 +47,31 @@ def tiny_gemma3_builder():
     """The builder itself, for module-scoped fixtures that build the model once (conftest is not importable by
     name: tests/measure has its own)."""
     return build_tiny_gemma3
+
+
+@pytest.fixture(scope="session")
+def fresh_env(tmp_path_factory):
+    """fresh_env(name, hide=()) -> the python of a new venv outside the checkout, offline.
+
+    It sees the packages this environment installed (no download: a .pth adds a folder of links to
+    this site-packages), except those whose top-level or dist-info name starts with one of `hide`;
+    nothing of the checkout is on its path (run it without PYTHONPATH, from outside the checkout).
+    """
+    shared = Path(sysconfig.get_paths()["purelib"])
+
+    def make(name: str, hide: tuple[str, ...] = ()) -> Path:
+        root = tmp_path_factory.mktemp(name)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+        python = root / "venv" / "bin" / "python"
+        links = root / "shared-site-packages"
+        links.mkdir()
+        for entry in shared.iterdir():
+            if not entry.name.startswith(hide):  # startswith(()) is False: nothing hidden
+                (links / entry.name).symlink_to(entry)
+        site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        Path(site, "shared-packages.pth").write_text(f"import site; site.addsitedir({str(links)!r})\n")
+        return python
+
+    return make
+

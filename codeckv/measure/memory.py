@@ -1,48 +1,174 @@
-"""Cache memory at a long context: archive vs resident bytes, materialized view vs materialization-free.
+"""What a cache really holds over a turn: held, its peak, at rest, and the process's peak (design.md "Memory").
 
-    rows = memory_table(loaded, ["jpeg-k8-int8", "turbo-4"], context=4096)
+    rows = memory_rows(loaded, ["turbo-4", "pca-8x"], contexts=[1024, 4096], new_tokens=64)   # in process
+    row = memory_row_isolated("smollm2-135m", "turbo-4", "codes", 4096, 64)                   # its own process
 
-Each tier prefills `context` corpus tokens and decodes a few more, once with the
-materialized cache (archive + decoded view) and once materialization-free
-(attention on the stored codes), and reports the footprint of each (design.md).
+One turn per row: `context` corpus tokens prefilled through the cache in PREFILL_CHUNK-token forwards,
+then `new_tokens` greedy tokens. A row's cache is native, a tier on its stored codes ("codes", no decoded
+view) or a tier with a decoded view ("view"). Measured for the same tokens:
+
+- held: bytes of every tensor the cache owns at the end (exact, from the tensors: codeckv.cache.held_bytes);
+- peak held: the most those tensors took after any forward of the turn (the raw prompt chunk included);
+- at rest: what the cache holds once compacted between turns (a view dropped: archive + raw tokens);
+- process peak (memory_row_isolated only, one fresh process per row): CUDA, the allocator's peak over the
+  turn; CPU, the growth of the process's peak RSS (VmHWM, reset before the turn) over its RSS before it:
+  weights are loaded and warm before, so what grows is the cache, activations and allocator slack.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
-from codeckv.cache import make_cache
+from codeckv.cache import CodecCache, footprint, held_bytes, make_cache, view_reason
+from codeckv.generate import next_logits
 from codeckv.measure.corpus import corpus_windows
 from codeckv.models import LoadedModel
 from codeckv.tiers import as_tier
+
+PREFILL_CHUNK = 512  # prompt tokens per forward, as in the chat
+MODES = ("native", "codes", "view")
 
 
 @dataclass
 class MemoryRow:
     tier: str
-    mode: str  # "materialized" or "materialization-free"
-    tokens: int
-    archive_bytes: int
-    resident_bytes: int
-    bf16_bytes: int
-    resident_over_archive: float
+    mode: str  # MODES: native cache, attention on the stored codes, or a decoded view
+    context: int  # prompt tokens
+    tokens: int  # tokens the cache holds at the end (prompt + generated, less the last one not fed)
+    held_bytes: int  # every tensor the cache owns at the end
+    peak_held_bytes: int  # the most they took after any forward
+    at_rest_bytes: int  # held once compacted between turns
+    archive_bytes: int  # footprint().archive_bytes: what the codec must keep (codes + raw tokens)
+    bf16_bytes: int  # a bf16 native cache of the same tokens
+    seconds: float  # the whole turn
+    process_peak_bytes: int = -1  # memory_row_isolated: CUDA allocator peak, or CPU peak-RSS growth (-1: not measured)
+    process_peak_source: str = ""
+
+
+def modes_of(tier: str) -> list[str]:
+    """The modes a tier runs in: native alone, else the codes where a kernel reads them, and the view."""
+    if as_tier(tier).is_native:
+        return ["native"]
+    return (["codes"] if view_reason(tier) is None else []) + ["view"]
 
 
 @torch.inference_mode()
-def memory_table(loaded: LoadedModel, tiers: list[str], context: int = 4096, decode_steps: int = 16) -> list[MemoryRow]:
-    """Footprint of each tier in both modes after a `context`-token prefill and `decode_steps` decode steps."""
-    ids = corpus_windows(loaded.tokenizer, 1, context + decode_steps)[0].to(loaded.model.device)
+def memory_row(loaded: LoadedModel, tier: str, mode: str, context: int, new_tokens: int = 64,
+               ids: torch.Tensor | None = None) -> MemoryRow:
+    """One turn of `tier` in `mode` on `context` corpus tokens (or `ids`, (1, >= context)), measured."""
+    if mode not in modes_of(tier):
+        raise ValueError(f"tier {tier!r} does not run in mode {mode!r} (allowed: {', '.join(modes_of(tier))})")
+    if ids is None:
+        ids = corpus_windows(loaded.tokenizer, 1, context)
+    ids = ids[:, :context].to(loaded.model.device)
+    cache = make_cache(loaded, tier, materialization_free={"native": None, "codes": True, "view": False}[mode])
+    start = time.perf_counter()
+    peak = 0
+    for lo in range(0, context, PREFILL_CHUNK):
+        logits = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], cache)
+        peak = max(peak, held_bytes(cache))
+    for _ in range(new_tokens - 1):  # the last generated token is not fed back
+        logits = next_logits(loaded.model, logits.argmax(-1, keepdim=True), cache)
+        peak = max(peak, held_bytes(cache))
+    if loaded.model.device.type == "cuda":
+        torch.cuda.synchronize(loaded.model.device)
+    seconds = time.perf_counter() - start
+    fp = footprint(cache)
+    held = held_bytes(cache)
+    at_rest = held
+    if isinstance(cache, CodecCache):
+        cache.compact()
+        at_rest = held_bytes(cache)
+    return MemoryRow(tier, mode, context, fp.tokens, held, max(peak, held), at_rest, fp.archive_bytes,
+                     fp.bf16_bytes, seconds)
+
+
+def memory_rows(loaded: LoadedModel, tiers: list[str], contexts: list[int], new_tokens: int = 64,
+                progress: Callable[[int, int, str], None] | None = None) -> list[MemoryRow]:
+    """memory_row for native and every tier in each of its modes, at every context, in this process."""
+    plan = [(t, m, c) for c in contexts for t in ["native", *[t for t in tiers if t != "native"]] for m in modes_of(t)]
+    ids = corpus_windows(loaded.tokenizer, 1, max(contexts))
     rows = []
-    for tier in tiers:
-        for free in (False,) if as_tier(tier).joint else (False, True):  # PCA tiers have no materialization-free mode
-            cache = make_cache(loaded, tier, materialization_free=free)
-            loaded.model(ids[None, :context], cache=cache)
-            for t in range(context, context + decode_steps):
-                loaded.model(ids[None, t : t + 1], cache=cache)
-            fp = cache.footprint()
-            mode = "materialization-free" if free else "materialized"
-            rows.append(MemoryRow(tier, mode, context + decode_steps, fp.archive_bytes, fp.resident_bytes,
-                                  fp.bf16_bytes, fp.resident_bytes / fp.archive_bytes))
+    for done, (tier, mode, context) in enumerate(plan):
+        if progress:
+            progress(done, len(plan), f"{tier} ({mode}) at {context:,} tokens")
+        rows.append(memory_row(loaded, tier, mode, context, new_tokens, ids))
     return rows
+
+
+def beside_native(rows: list[MemoryRow]) -> list[dict]:
+    """Rows as dicts with each one's held and peaks against the native row of the same context.
+
+    held_vs_native = held / native held; peak_saving_of_native = (native's peak - this peak) / native held,
+    for the peak held and (where measured) the process peak: the issue's "70% of the native cache below".
+    """
+    native = {r.context: r for r in rows if r.mode == "native"}
+    out = []
+    for row in rows:
+        ref = native.get(row.context)
+        item = asdict(row)
+        item["held_vs_native"] = row.held_bytes / ref.held_bytes if ref else float("nan")
+        item["peak_held_saving_of_native"] = ((ref.peak_held_bytes - row.peak_held_bytes) / ref.held_bytes
+                                              if ref else float("nan"))
+        measured = ref is not None and row.process_peak_bytes >= 0 and ref.process_peak_bytes >= 0
+        item["process_peak_saving_of_native"] = ((ref.process_peak_bytes - row.process_peak_bytes) / ref.held_bytes
+                                                 if measured else float("nan"))
+        out.append(item)
+    return out
+
+
+def memory_row_isolated(model: str | None, tier: str, mode: str, context: int, new_tokens: int = 64) -> MemoryRow:
+    """memory_row in a fresh process, with that process's peak memory over the turn (module docstring)."""
+    request = json.dumps({"model": model, "tier": tier, "mode": mode, "context": context, "new_tokens": new_tokens})
+    done = subprocess.run([sys.executable, "-m", "codeckv.measure.memory", request], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    if done.returncode != 0:
+        raise RuntimeError(f"the {tier} ({mode}) row at {context} tokens failed: {done.stderr.strip()[-2000:]}")
+    return MemoryRow(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _rss(field: str) -> int:
+    """A /proc/self/status field (VmRSS, VmHWM) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _isolated(request: dict) -> MemoryRow:
+    """The child of memory_row_isolated: load, warm up, reset the peak, run the row, read the peak."""
+    from codeckv.calibration import calibration_for
+    from codeckv.models import load_model
+
+    loaded = load_model(request["model"])
+    ids = corpus_windows(loaded.tokenizer, 1, request["context"])
+    if as_tier(request["tier"]).joint is not None:
+        calibration_for(loaded, as_tier(request["tier"]))  # read (or compute) it before the turn is measured
+    memory_row(loaded, request["tier"], request["mode"], min(64, request["context"]), 2, ids)  # warm up
+    cuda = loaded.model.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(loaded.model.device)
+        before = torch.cuda.memory_allocated(loaded.model.device)
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        before = _rss("VmRSS")
+    row = memory_row(loaded, request["tier"], request["mode"], request["context"], request["new_tokens"], ids)
+    if cuda:
+        row.process_peak_bytes = torch.cuda.max_memory_allocated(loaded.model.device) - before
+        row.process_peak_source = "cuda max_memory_allocated over the turn, less what was allocated before"
+    else:
+        row.process_peak_bytes = _rss("VmHWM") - before
+        row.process_peak_source = "peak RSS (VmHWM) growth of a fresh process over the turn (weights loaded before)"
+    return row
+
+
+if __name__ == "__main__":
+    print(json.dumps(asdict(_isolated(json.loads(sys.argv[1])))))

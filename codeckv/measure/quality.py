@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from codeckv.cache import footprint, make_cache
+from codeckv.cache import CodecCache, footprint, held_bytes, make_cache
 from codeckv.layers import CodecLayer
 from codeckv.measure.corpus import source_text, text_windows
 from codeckv.measure.lockstep import Reference, Scores, compare, lockstep, stack_size
@@ -33,6 +33,8 @@ class QualityRow:
     description: str
     archive_bytes: int  # codec-carrying layers holding `length` tokens (per window)
     bf16_bytes: int  # a bf16 native cache of the same tokens
+    held_bytes: int  # every tensor the cache owned at run time, per window (views, raw tokens, slack included)
+    attention: str  # where attention read the archived tokens (codeckv.cache.CODES / VIEW; native)
     ratio_vs_bf16: float  # archive / bf16 at this window length (raw tail and sinks included)
     steady_state_ratio: float  # bytes per archived token / bf16 bytes per token (nan if nothing archived)
     kld: float  # mean KL(native || tier), nats per token
@@ -112,6 +114,8 @@ def _row(tier: Tier, reference: Reference, scores: Scores, cache, source: str, w
         description=tier.description,
         archive_bytes=fp.archive_bytes // windows,
         bf16_bytes=fp.bf16_bytes // windows,
+        held_bytes=held_bytes(cache) // windows,
+        attention=cache.attention if isinstance(cache, CodecCache) else "native",
         ratio_vs_bf16=fp.ratio,
         steady_state_ratio=fp.steady_state_ratio if not tier.is_native else fp.ratio,
         kld=stats.kld.mean,

@@ -20,7 +20,8 @@ Prompt = str | list[dict] | torch.Tensor  # raw text, chat messages [{"role": ..
 
 PEAK_SOURCE = {
     "cuda": "cuda max_memory_allocated during the run's forwards (process-wide: weights, all caches, activations)",
-    "cpu": "cache resident bytes (CPU: tensors the cache holds, view and capacity slack included)",
+    "cpu": "the most the cache's own tensors held after any forward of the turn (CPU: exact tensor bytes, "
+           "archive, raw tokens, view and slack; activations and transient buffers not counted)",
 }
 
 
@@ -48,8 +49,12 @@ class RunStats:
     tokens_per_s: float  # generated tokens / wall seconds of all its forwards, prefill included
     step_ms: list[float]  # every forward, prefill first
     footprint: Footprint  # the cache at the end of the turn (holding the conversation so far)
+    held_bytes: int  # every tensor the cache owns at the end of the turn (design.md "held"), native layers too
+    peak_held_bytes: int  # the most those tensors took after any forward of the turn
     peak_memory_bytes: int
     peak_memory_source: str  # what peak_memory_bytes measures (PEAK_SOURCE)
+    attention: str = "native cache"  # where attention read the archived tokens (codeckv.cache.CODES / VIEW, why)
+    prefill_path: str = "native"  # how the prompt went into the cache
 
     @property
     def archive_bytes(self) -> int:
@@ -125,6 +130,12 @@ class Comparison:
             "token_match": self.token_match,
             "first_divergence": self.first_divergence,
             "tokens": len(self.codec.token_ids),
+            "held_bytes": self.codec.held_bytes,
+            "native_held_bytes": self.native.held_bytes,
+            "peak_held_bytes": self.codec.peak_held_bytes,
+            "native_peak_held_bytes": self.native.peak_held_bytes,
+            "attention": self.codec.attention,
+            "prefill_path": self.codec.prefill_path,
             "peak_memory_bytes": self.codec.peak_memory_bytes,
             "native_peak_memory_bytes": self.native.peak_memory_bytes,
             "peak_memory_source": self.codec.peak_memory_source,

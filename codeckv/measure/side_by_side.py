@@ -7,9 +7,12 @@
 One turn of `stream_turn` (measure/chat.py keeps the caches across turns; `stream_runs` starts fresh):
 
 1. prefill the prompt tokens the caches do not hold yet, PREFILL_CHUNK tokens per forward (a Stop
-   takes effect between chunks). On empty caches the prompt is prefilled once, natively, and every
-   codec cache is filled from that native cache and archives it in one encode per layer: exactly what
-   a prefill through the codec cache gives, since a prefill attends its own tokens at full precision.
+   takes effect between chunks). A cache whose attention reads the stored codes (the default) prefills
+   through itself: each chunk attends to the archive on the codes and to itself at full precision, and
+   is archived at the next chunk, so it never holds the prompt at full precision (its peak is the archive
+   plus one chunk). A cache with a decoded view is filled on empty caches from the native prefill and
+   archives it in one encode per layer (CodecCache.from_cache): the prompt attends to itself at full
+   precision, as one forward over it would. `RunStats.prefill_path` says which ran.
 2. every run generates greedily, one token each in turn (round robin, the order reversed every round),
    in one process, so all latencies are measured under the same machine load (design.md).
 3. every other cache is rewound to the prompt and fed the native reply (teacher forcing), so both
@@ -33,7 +36,7 @@ from collections.abc import Iterator
 import torch
 from transformers import Cache, DynamicCache
 
-from codeckv.cache import CodecCache, footprint, make_cache
+from codeckv.cache import CODES, CodecCache, footprint, held_bytes, make_cache, view_reason
 from codeckv.calibration import calibration_for
 from codeckv.generate import chat_input_ids, next_logits, stop_token_ids
 from codeckv.layers import CodecLayer
@@ -70,11 +73,26 @@ def prompt_ids(loaded: LoadedModel, prompt: Prompt, max_new_tokens: int = 0, lim
 class Run:
     """One cache in a side-by-side turn: its prefill, decode steps and teacher forcing, timed."""
 
-    def __init__(self, loaded: LoadedModel, label: str, tier: Tier, materialization_free: bool = False) -> None:
+    def __init__(self, loaded: LoadedModel, label: str, tier: Tier, materialization_free: bool | None = None) -> None:
         self.loaded, self.label, self.tier, self.materialization_free = loaded, label, tier, materialization_free
         self.cache = make_cache(loaded, tier, materialization_free)
         self.held = 0  # tokens the cache holds
         self.start_turn(0, 0)
+
+    @property
+    def on_codes(self) -> bool:
+        """True when attention reads this run's stored codes (no decoded view)."""
+        return isinstance(self.cache, CodecCache) and self.cache.attention == CODES
+
+    @property
+    def attention(self) -> str:
+        """Where attention reads the archived tokens, and why when it is a decoded view."""
+        if not isinstance(self.cache, CodecCache):
+            return "native cache"
+        if self.on_codes:
+            return CODES
+        why = view_reason(self.tier)
+        return f"{self.cache.attention} ({why or 'asked for'})"
 
     def start_turn(self, prompt_tokens: int, max_new: int) -> None:
         self.prompt_tokens, self.max_new = prompt_tokens, max_new
@@ -83,6 +101,8 @@ class Run:
         self.logprobs: list[torch.Tensor] = []  # (vocab,) float32 per generated position (kept by the reference)
         self.first_logprobs: torch.Tensor | None = None  # the prefill's prediction
         self.peak = 0  # cuda max_memory_allocated over this run's forwards
+        self.peak_held = held_bytes(self.cache)  # the most the cache's own tensors held after a forward
+        self.prefill_path = "native" if self.tier.is_native else "through the codec cache"
         self.done = False
 
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -95,8 +115,10 @@ class Run:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             self.peak = max(self.peak, torch.cuda.max_memory_allocated(device))
+        took = time.perf_counter() - start
         self.held += ids.shape[1]
-        return logits, time.perf_counter() - start
+        self.peak_held = max(self.peak_held, held_bytes(self.cache))
+        return logits, took
 
     def archive(self) -> float:
         """Archive what became archivable (the prompt after its prefill): seconds it took."""
@@ -132,7 +154,7 @@ class Run:
         fp = footprint(self.cache)
         device = self.loaded.model.device.type
         decode = self.seconds[2:]  # seconds[0] is the prefill, seconds[1] the warm-up step
-        peak = self.peak if device == "cuda" else fp.resident_bytes + fp.native_layer_bytes
+        peak = self.peak if device == "cuda" else self.peak_held
         return RunStats(
             label=self.label,
             token_ids=list(self.token_ids),
@@ -144,8 +166,12 @@ class Run:
             tokens_per_s=len(self.token_ids) / sum(self.seconds),
             step_ms=[1000 * s for s in self.seconds],
             footprint=fp,
+            held_bytes=held_bytes(self.cache),
+            peak_held_bytes=self.peak_held,
             peak_memory_bytes=peak,
             peak_memory_source=PEAK_SOURCE["cuda" if device == "cuda" else "cpu"],
+            attention=self.attention,
+            prefill_path=self.prefill_path,
         )
 
 
@@ -168,8 +194,10 @@ def stream_turn(
     if any(r.held != reference.held for r in others) or reference.held >= ids.shape[1]:
         raise ValueError("every cache must hold the same tokens, and fewer than the prompt")
     held, prompt = reference.held, ids.shape[1]
+    # On empty caches a cache on its codes prefills itself; one with a view is filled from the native prefill.
+    prefilling = runs if held else [reference] + [r for r in others if r.tier.is_native or r.on_codes]
     chunks = math.ceil((prompt - held) / PREFILL_CHUNK)
-    total = chunks * (1 if held == 0 else len(runs)) + len(runs) * max_new_tokens + len(others) * max_new_tokens
+    total = chunks * len(prefilling) + len(runs) * max_new_tokens + len(others) * max_new_tokens
     done = 0
 
     def update(phase: str, results=None) -> Update:
@@ -177,9 +205,9 @@ def stream_turn(
 
     for run in runs:
         run.start_turn(prompt - held, max_new_tokens)
-    prefilling = [reference] if held == 0 else runs
-    prefilling += [r for r in others if held == 0 and r.tier.is_native]  # a second native cache prefills itself
     for run in prefilling:
+        if run.on_codes and not held:
+            run.prefill_path = f"in chunks of {PREFILL_CHUNK} tokens through the codec cache, on the codes"
         seconds = 0.0
         for lo in range(held, prompt, PREFILL_CHUNK):
             logits, took = run.forward(ids[:, lo : lo + PREFILL_CHUNK])
@@ -194,6 +222,8 @@ def stream_turn(
             start = time.perf_counter()
             run.cache, run.held = filled_from(reference.cache, run), reference.held
             took = time.perf_counter() - start + run.archive()
+            run.peak_held = max(run.peak_held, held_bytes(run.cache))
+            run.prefill_path = "natively, then converted into the codec cache (CodecCache.from_cache)"
             run.accept(first_logits, reference.seconds[0] + took, stop_ids, False)
 
     rounds = 0
@@ -293,11 +323,12 @@ def stream_runs(
     tiers: list[Tier | str],
     max_new_tokens: int = 64,
     stop_at_eos: bool = True,
-    materialization_free: bool = False,
+    materialization_free: bool | None = None,
 ) -> Iterator[Update]:
     """Native and every tier on fresh caches, one turn; the last update carries the results.
 
-    materialization_free: the codec caches keep no decoded view (attention reads the stored codes).
+    materialization_free: None (default) = attention on the stored codes wherever a tier allows, False = a
+    decoded view, True = on the codes (codeckv.cache.make_cache).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
@@ -311,7 +342,7 @@ def stream_runs(
 
 def stream_side_by_side(
     loaded: LoadedModel, prompt: Prompt, tier: Tier | str, max_new_tokens: int = 64, stop_at_eos: bool = True,
-    materialization_free: bool = False,
+    materialization_free: bool | None = None,
 ) -> Iterator[Update]:
     """Native vs one tier, token by token; the final update carries `result` (a Comparison)."""
     return stream_runs(loaded, prompt, [tier], max_new_tokens, stop_at_eos, materialization_free)
@@ -319,7 +350,7 @@ def stream_side_by_side(
 
 def run_side_by_side(
     loaded: LoadedModel, prompt: Prompt, tier: Tier | str, max_new_tokens: int = 64, stop_at_eos: bool = True,
-    materialization_free: bool = False,
+    materialization_free: bool | None = None,
 ) -> Comparison:
     """stream_side_by_side, consumed: the Comparison only."""
     updates = stream_side_by_side(loaded, prompt, tier, max_new_tokens, stop_at_eos, materialization_free)

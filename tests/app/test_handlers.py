@@ -1,22 +1,26 @@
 """The app's handlers called directly: streaming, stats, long documents, clear errors, caches released on Clear."""
 
 import gc
+import math
 
 import gradio as gr
 import pytest
 
 import app
+from codeckv import service
 from codeckv.cache import CodecCache
 from codeckv.inputs import DOCUMENTS
+from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.measure.chat import ChatSession
+from codeckv.sessions import IdleSessions
 
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0]  # Advanced accordion untouched: use the preset
 
 
-def _turn(message, tier="png", tokens=12, advanced=PLAIN, session=None, materialization_free=False, document=None,
+def _turn(message, tier="png", tokens=12, advanced=PLAIN, session=None, decoded_view=False, document=None,
           upload=None):
     model = "smollm2-135m"
-    args = (message, document, upload, model, tier, tokens, materialization_free, *advanced, session)
+    args = (message, document, upload, model, tier, tokens, decoded_view, *advanced, session)
     return list(app.chat_turn(*args))
 
 
@@ -104,9 +108,16 @@ def test_custom_tier_from_advanced_settings_runs():
     assert codec[-1]["content"] and "**custom**" in codec_stats
 
 
-def test_materialization_free_turn_matches_native():
+def test_attention_reads_the_codes_by_default_and_the_stats_say_where():
     question = "What is the capital of France?"
-    native, codec, _, codec_stats, *_ = _turn(question, tier="png", materialization_free=True)[-1]
+    *_, codec_stats, _, _, _, session = _turn(question, tier="turbo-4")[-1]
+    assert "attention on the stored codes" in codec_stats and "through the codec cache, on the codes" in codec_stats
+    assert isinstance(session.runs[1].cache.layers[0], CodedLayer)
+    *_, codec_stats, _, _, _, session = _turn(question, tier="turbo-4", decoded_view=True)[-1]
+    assert "attention on a decoded view (asked for)" in codec_stats
+    assert type(session.runs[1].cache.layers[0]) is CodecLayer
+    native, codec, _, codec_stats, *_ = _turn(question, tier="png")[-1]
+    assert "on a decoded view (no attention kernel reads its key codes" in codec_stats
     assert codec[-1]["content"] == native[-1]["content"] and "token match **100%**" in codec_stats
 
 
@@ -126,6 +137,10 @@ def test_stop_keeps_the_partial_turn_and_says_so():
 def test_model_panel_describes_the_model():
     text, layers, heads = app.model_panel("smollm2-135m")
     assert "smollm2-135m" in text and "KV bytes/token of a bf16 cache: 23,040" in text
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "png stores integer deltas" in rows["png"], "the panel says why png's attention takes the reference"
+    assert "decode_attention_torch (no CUDA device)" in rows["turbo-4"]
+    assert "no kernel reads entropy-coded chunks" in rows["pca-8x"]
     assert layers["maximum"] == 29 and heads["maximum"] == 2
 
 
@@ -209,3 +224,17 @@ def test_stop_ends_a_running_sweep_at_its_next_step():
     assert len(calls) == 1
     table, *_ = app.run_sweep(*args, flag, progress=lambda *a, **k: None)  # a new run starts afresh
     assert [row[0] for row in table["data"]] == ["native", "png"]
+
+
+def test_idle_sessions_past_their_memory_bound_give_up_their_caches_and_say_so(monkeypatch):
+    monkeypatch.setattr(service, "IDLE", IdleSessions())  # only this test's sessions
+    first = _turn("My name is Ada.", tier="turbo-4", tokens=8)[-1][-1]
+    held = first.rest()
+    assert 0 < held and first.runs, "an idle session keeps its caches while they fit"
+    monkeypatch.setenv("CODECKV_MAX_IDLE_MIB", str(math.ceil(1.5 * held / 2**20)))  # room for one such session
+    second = _turn("My name is Ada.", tier="turbo-4", tokens=8)[-1][-1]
+    assert first.runs == [] and "released while it was idle" in first.evicted and second.runs
+    *_, codec_stats, _, _, _, _ = _turn("What is my name?", tier="turbo-4", tokens=8, session=first)[-1]
+    assert "caches were released while it was idle" in codec_stats and "prefilled the conversation again" in codec_stats
+    assert first.runs[0].prompt_tokens > 20, "the whole conversation was prefilled again"
+    assert second.runs == [] and second.evicted, "then the other session was the least recently used"

@@ -38,3 +38,34 @@ def test_saved_size_cli_measures_rest_file_and_resume(tmp_path, capsys):
     assert values["tier"] == "int8" and values["within_target"] == "True" and values["resume_exact"] == "True"
     assert int(values["rest_held_bytes"]) < int(values["native_bytes"]) < int(values["view_held_bytes"])
     assert (tmp_path / "int8.kvc").stat().st_size == int(values["file_bytes"])
+
+
+def test_outputs_default_to_out_never_assets(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["memory", "--context", "16", "--decode", "1", "--tiers", "int8"]) == 0
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.csv")] == ["out/memory-smollm2-135m-16.csv"]
+    assert "memory" in capsys.readouterr().err, "the progress bar goes to stderr"
+
+
+def test_runtime_error_exits_1_with_one_line_and_usage_error_exits_2(capsys):
+    assert main(["memory", "--model", "gpt-17"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: unknown model 'gpt-17'") and "Traceback" not in "\n".join(err)
+    assert main(["memory", "--context", "-3"]) == 2
+    assert "argument --context: -3 is below 1" in capsys.readouterr().err
+
+
+def test_offline_flag_switches_the_hub_off(monkeypatch, capsys):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert main(["memory", "--offline", "--model", "nobody-here/no-such-model-codeckv"]) == 1
+    assert "offline" in capsys.readouterr().err
+    import os
+
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+def test_version_and_help_exit_0(capsys):
+    import codeckv
+
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"codeckv {codeckv.__version__}"
+    assert main(["quality", "--help"]) == 0 and "--offline" in capsys.readouterr().out
