@@ -26,6 +26,7 @@ from codeckv.formatting import (
 )
 from codeckv.inputs import (
     BITS_CHOICES,
+    CACHE_FILE_TYPES,
     DOCUMENTS,
     TEXT_FILE_TYPES,
     one_of,
@@ -44,6 +45,7 @@ from codeckv.plots import needle_figure
 from codeckv.pool import POOL
 from codeckv.reports import Reports
 from codeckv.service import (
+    DOWNLOAD_GPU_SECONDS,
     INSPECT_GPU_SECONDS,
     LONG_GPU_SECONDS,
     LONG_TEXT,
@@ -52,9 +54,12 @@ from codeckv.service import (
     NEEDLE_DEPTHS,
     NEEDLE_LENGTHS,
     ONE_PROMPT,
+    RESUME_GPU_SECONDS,
     SOURCES,
+    chat_download,
     chat_gpu_seconds,
     chat_panels,
+    chat_resume,
     chat_stream,
     fresh_stop,
     inspect_request,
@@ -76,6 +81,7 @@ LONG_EXAMPLE = ["What does the finally clause do? Answer in two sentences.", nex
 INSPECT_TEXT = corpus_text()[:1500]  # ~370 tokens of the Python reference: enough blocks to see spectra
 LIMITS = Limits.from_env()  # the operator's per-request budgets (codeckv/limits.py); requests read them afresh
 REPORTS = Reports(keep=16)  # sweep and needle downloads of this process
+CACHE_FILES = Reports(keep=4, prefix="codeckv-caches-")  # downloaded codec caches: large, so only the newest 4
 
 
 def guarded(handler):
@@ -136,6 +142,30 @@ def stop_turn(session):
     last = session.stop()
     native, codec = chat_panels(session)
     return native, codec, stopped_markdown(last, "native"), stopped_markdown(last, "codec")
+
+
+@gpu(duration=DOWNLOAD_GPU_SECONDS)
+@guarded
+def download_cache(session):
+    """The codec cache of this conversation (archive, raw tokens, token ids, exchanges) as a .kvc file."""
+    if not isinstance(session, ChatSession) or session.setup is None:
+        raise ValueError("nothing to save yet: the conversation needs a finished turn first")
+    with POOL.lease(session.setup[0]) as loaded:
+        return chat_download(loaded, session, CACHE_FILES.fresh())
+
+
+@gpu(duration=RESUME_GPU_SECONDS)
+@guarded
+def resume_chat(upload, model_name, session):
+    """Continue the conversation of an uploaded .kvc file; the tier and view controls follow the file."""
+    session = session if isinstance(session, ChatSession) else ChatSession()
+    try:
+        with POOL.lease(model_name) as loaded:
+            native, codec, native_note, codec_note, tier, on_codes = chat_resume(loaded, session, upload,
+                                                                             Limits.from_env())
+    finally:
+        release_memory()
+    return native, codec, native_note, codec_note, tier, not on_codes, False, None, session
 
 
 def clear_chat(session):
@@ -291,6 +321,17 @@ with gr.Blocks(title="KV Codec Studio") as demo:
                 document = gr.Dropdown(list(DOCUMENTS), value=None, label="embedded document", scale=2)
                 upload = gr.File(label="or upload a .txt / .md file", file_types=list(TEXT_FILE_TYPES), scale=1)
             gr.Markdown("The document goes before your next message (once); the conversation keeps it.")
+        with gr.Accordion("Save or resume: the codec cache of this conversation as a file", open=False):
+            with gr.Row():
+                save_cache = gr.Button("Download the codec cache", scale=1)
+                cache_file = gr.File(label="codec cache (.kvc)", interactive=False, scale=2)
+            with gr.Row():
+                resume_upload = gr.File(label="upload a .kvc file to continue its conversation",
+                                        file_types=list(CACHE_FILE_TYPES), scale=2)
+                resume = gr.Button("Resume", scale=1)
+            gr.Markdown("The file holds the codec cache (its archive and raw tokens), the token ids and the "
+                        "exchanges. Resuming loads the codec cache from it and re-prefills the native cache from "
+                        "the saved token ids.")
         with gr.Row(equal_height=True):
             with gr.Column():
                 native_chat = gr.Chatbot(label="native cache", height=420)
@@ -400,6 +441,10 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     ]
     stop.click(stop_turn, session, [native_chat, codec_chat, native_stats, codec_stats], cancels=turns,
                api_name=False)
+    save_cache.click(download_cache, session, cache_file, api_name="download_cache")
+    resume.click(resume_chat, [resume_upload, model_name, session],
+                 [native_chat, codec_chat, native_stats, codec_stats, tier_name, decoded_view,
+                  chat_advanced[0], resume_upload, session], api_name="resume_cache")
     cleared = [native_chat, codec_chat, native_stats, codec_stats, session]
     clear.click(clear_chat, session, cleared, cancels=turns, api_name=False)
     for panel in (native_chat, codec_chat):  # clearing one panel clears the conversation: both stay in step

@@ -363,6 +363,8 @@ def _saved_size(args: argparse.Namespace) -> None:
     from codeckv.tiers import TIERS, get_tier
 
     tiers = [get_tier(name) for name in args.tiers] if args.tiers else [t for t in TIERS.values() if not t.is_native]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     loaded = _load(args)
     name = loaded.info.name.replace("/", "_")
     with tqdm(total=len(tiers), desc="saved-size") as bar:
@@ -466,6 +468,7 @@ def _parser() -> argparse.ArgumentParser:
     saved = command("saved-size", _saved_size, "per tier: bytes at rest, view rebuild time, saved file vs archive")
     saved.add_argument("--context", type=_positive, default=2048, help="prefilled corpus tokens (default 2048)")
     saved.add_argument("--tiers", nargs="*", type=_tier_name, help="tier names (default: every codec tier)")
+    saved.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
     saved.add_argument("--files", help="folder for the saved cache files (default out/saved-size-<model>)")
     saved.add_argument("--out", help="CSV path (default out/saved-size-<model>.csv)")
     return parser

@@ -5,6 +5,7 @@
     tier = tier_from_knobs("turbo-4", False, 8, 0, "4", ...)  # a preset, or a custom tier from the Advanced knobs
     fits_model(tier, loaded.info)                              # its codecs and windows fit this model
     text = read_text_file("notes.md"); text = document_text("Python reference: the try statement (≈2.0k tokens)")
+    path = saved_cache_file(upload, max_bytes)                 # an uploaded .kvc cache file, bounded (codeckv/saved.py)
 
 Every check raises ValueError with the allowed values in the message; the app shows it as it is.
 """
@@ -26,6 +27,7 @@ from codeckv.tiers import TIERS, Tier, custom_tier, get_tier
 
 MAX_GROUP = 256  # quantization group (channels or tokens)
 TEXT_FILE_TYPES = (".txt", ".md")
+CACHE_FILE_TYPES = (".kvc",)  # a saved codec cache (codeckv/saved.py)
 INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"), None)  # zero-width, soft hyphen
 BITS_CHOICES = ("none", *map(str, ALLOWED_BITS))
 
@@ -159,3 +161,20 @@ def read_text_file(path: str | Path, max_chars: int | None = None) -> str:
     except UnicodeDecodeError as err:
         raise ValueError(f"{path.name} is not UTF-8 text (byte {err.start} cannot be decoded)") from None
     return user_text(text, path.name, max_chars)
+
+
+def saved_cache_file(path, max_bytes: int) -> Path:
+    """An uploaded cache file: a .kvc path of at most max_bytes (its content is checked by codeckv.saved)."""
+    if not path:
+        raise ValueError(f"upload a codec cache file first (allowed: {', '.join(CACHE_FILE_TYPES)}, downloaded "
+                         "from the Chat)")
+    if not isinstance(path, str | Path):
+        raise ValueError(f"the cache file must be a path, got {type(path).__name__}")
+    path = Path(path)
+    if path.suffix.lower() not in CACHE_FILE_TYPES:
+        raise ValueError(f"{path.name}: not a codec cache file (allowed: {', '.join(CACHE_FILE_TYPES)})")
+    if not path.is_file():
+        raise ValueError(f"{path.name}: the upload did not arrive, upload it again")
+    if path.stat().st_size > max_bytes:
+        raise ValueError(f"{path.name} is {path.stat().st_size:,} bytes, more than the {max_bytes:,} allowed here")
+    return path

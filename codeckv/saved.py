@@ -352,6 +352,11 @@ def load_cache(path: str | Path, source, max_bytes: int = MAX_FILE_BYTES, materi
                               "materialization_free)") from None
     if not (_count(tokens, 1) and _count(batch, 1) and isinstance(layers, list) and isinstance(splits, dict)):
         raise SavedCacheError("the header's tokens, batch, layers or splits are not what this format writes")
+    if shapes.get("token_ids") != (torch.int32, (batch, tokens)):
+        raise SavedCacheError(f"the file's token ids are not the {batch} x {tokens} the header says (corrupted file)")
+    context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    if context is not None and tokens > context:
+        raise SavedCacheError(f"the file holds {tokens:,} tokens, more than this model's context of {context:,}")
     tier = tier_from_spec(header.get("tier"))
     if tier.is_native:
         raise SavedCacheError("the header's tier is native (allowed: a tier that encodes)")

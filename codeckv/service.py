@@ -6,6 +6,7 @@
         ...
     figures, summary = inspect_request(loaded, text, tier, layer=3, head=1, which="K", limits=limits)
     table, figures, rows = memory_request(loaded, ["1024", "4096"], ["turbo-4", "pca-8x"], 16, progress=cb)
+    path = chat_download(loaded, session, folder); native, codec, notes = chat_resume(loaded, session, upload, limits)
 
 Every value is checked here or in codeckv/inputs.py before it reaches a loader, a loop or an
 allocation, and every request runs under the budgets of codeckv/limits.py; app.py only maps these
@@ -32,7 +33,7 @@ from codeckv.formatting import (
     stopped_markdown,
     sweep_table,
 )
-from codeckv.inputs import fits_model, one_of, read_text_file, tier_names, user_text, whole
+from codeckv.inputs import fits_model, one_of, read_text_file, saved_cache_file, tier_names, user_text, whole
 from codeckv.limits import Deadline, Limits, StopFlag
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.inspect import inspect_tier
@@ -46,8 +47,9 @@ from codeckv.measure.sweep import as_dicts as sweep_dicts
 from codeckv.measure.table import write_csv, write_json
 from codeckv.models import LoadedModel
 from codeckv.plots import memory_figure, pareto_figure
+from codeckv.saved import read_header, tier_from_spec
 from codeckv.sessions import IDLE
-from codeckv.tiers import Tier
+from codeckv.tiers import TIERS, Tier
 from codeckv.zerogpu import MAX_SECONDS, estimate_seconds
 
 LONG_TEXT = "long text: KL divergence, top-1, ΔNLL with their spread over windows"
@@ -215,6 +217,44 @@ def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str
                 yield native, codec, native_stats_markdown(update.result), note + codec_stats_markdown(update.result)
     finally:
         IDLE.rest(session, limits.max_idle_mib)  # between turns: at rest, and all idle sessions bounded
+
+
+RESUME_GPU_SECONDS = estimate_seconds(forwards=Limits().max_prompt_tokens // 512 + 1)  # the native re-prefill
+DOWNLOAD_GPU_SECONDS = estimate_seconds(forwards=1)  # copying the cache off the GPU
+
+
+def chat_download(loaded: LoadedModel, session: ChatSession, folder: Path) -> str:
+    """The codec cache of the conversation and its exchanges, written to a .kvc file in folder: its path."""
+    path = folder / "conversation.kvc"
+    session.save(path, loaded)
+    return str(path)
+
+
+def chat_resume(loaded: LoadedModel, session: ChatSession, upload, limits: Limits) -> tuple:
+    """Continue a conversation from an uploaded .kvc file: (native panel, codec panel, native note, codec note,
+    tier name, whether attention reads the codes), the last two for the Chat's controls.
+
+    The codec cache comes from the file (every check of codeckv/saved.py, within the operator's size cap); the
+    native cache is re-prefilled from the saved token ids. On any error the session is left as it was.
+    """
+    path = saved_cache_file(upload, limits.max_cache_file_bytes)
+    tier = tier_from_spec(read_header(path, limits.max_cache_file_bytes)[0].get("tier"))
+    if TIERS.get(tier.name) != tier:
+        raise ValueError(f"this file was saved with a custom tier ('{tier.name}'), which the Chat cannot select "
+                         "again (allowed: a preset tier; a library user loads it with codeckv.load_cache)")
+    resumed = session.resume(loaded, path, limits.max_cache_file_bytes, limits.max_prompt_tokens)
+    IDLE.rest(session, limits.max_idle_mib)  # idle until its next turn: at rest, counted with the other sessions
+    native, codec = chat_panels(session)
+    if resumed.restore_s:
+        rebuilt = f"its decoded view rebuilt in {1000 * resumed.restore_s:.0f} ms"
+    else:
+        rebuilt = "attention reads the stored codes (no view to rebuild)"
+    codec_note = (f"Resumed from **{path.name}** ({resumed.file_bytes / 2**20:.1f} MiB): the {tier.name} cache of "
+                  f"{resumed.tokens:,} tokens loaded from the file in {resumed.load_s:.2f} s, {rebuilt}. "
+                  "The next message continues this conversation.")
+    native_note = (f"Resumed: the native cache re-prefilled from the {resumed.tokens:,} saved token ids in "
+                   f"{resumed.native_prefill_s:.2f} s.")
+    return native, codec, native_note, codec_note, tier.name, session.setup[2] is None
 
 
 def inspect_request(loaded: LoadedModel, prompt: str, tier: Tier, layer, head, which,

@@ -186,6 +186,9 @@ def test_corrupted_headers_and_tensors_are_refused(tiny, saved_file, tmp_path):
     counts = {**header, "layers": [{**layer, "archived_upto": 3} if layer["kind"] == "codec" else layer
                                    for layer in header["layers"]]}
     _refused(_forge(tmp_path, tensors, counts), model, "counts")
+    _refused(_forge(tmp_path, tensors, {**header, "batch": 10**9}), model, "token ids are not the 1000000000 x 45")
+    huge = {**tensors, "token_ids": torch.zeros(1, 300, dtype=torch.int32)}
+    _refused(_forge(tmp_path, huge, {**header, "tokens": 300}), model, "more than this model's context of 256")
     flipped = {**tensors, "codec.keys.codes": tensors["codec.keys.codes"] ^ 1}
     _refused(_forge(tmp_path, flipped, header), model, "checksum")
 

@@ -6,6 +6,8 @@
     session.exchanges                  # every finished turn: the user's message, the native and codec replies
     session.rest()                     # between turns: hold both caches at rest; the bytes they hold
     session.release()                  # drop both caches (Clear, or the browser tab closed)
+    session.save("chat.kvc", loaded)   # the codec cache and the exchanges, in one file (codeckv/saved.py)
+    session.resume(loaded, "chat.kvc") # continue it: the codec cache from the file, the native one re-prefilled
 
 The conversation continues with the native replies, so both caches always see the same conversation.
 Every turn renders it with the chat template and prefills only the tokens after the longest common
@@ -18,14 +20,19 @@ the memory of all idle sessions bounded (codeckv/sessions.py): `notice` then say
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
 
 from codeckv.cache import CodecCache, held_bytes
-from codeckv.generate import stop_token_ids
+from codeckv.generate import next_logits, stop_token_ids
 from codeckv.measure.runs import NATIVE, Update
-from codeckv.measure.side_by_side import Run, prompt_ids, rewind, stream_turn
+from codeckv.measure.side_by_side import PREFILL_CHUNK, Run, prompt_ids, rewind, stream_turn
 from codeckv.models import LoadedModel
+from codeckv.saved import MAX_FILE_BYTES, SavedCacheError, load_cache
 from codeckv.tiers import Tier, as_tier, get_tier
 
 
@@ -47,6 +54,29 @@ class Exchange:
     shown: str  # how the chat shows the user's message (a document as a one-line note)
     native: str  # the native reply: the conversation goes on with it
     codec: str  # the codec cache's own reply
+
+
+@dataclass
+class Resumed:
+    """What resuming a saved conversation did."""
+
+    tokens: int  # tokens both caches hold now
+    file_bytes: int
+    load_s: float  # checking and reading the file
+    restore_s: float  # rebuilding the codec cache's decoded view from its archive (0 on the codes)
+    native_prefill_s: float  # the native cache, re-prefilled from the saved token ids
+
+
+def exchanges_from(extra) -> list[Exchange]:
+    """The exchanges a Chat file keeps in its header's extra ({"chat": [...]}), checked; SavedCacheError if none."""
+    chat = extra.get("chat") if isinstance(extra, dict) else None
+    names = [f.name for f in fields(Exchange)]
+    if not isinstance(chat, list) or not chat or not all(
+        isinstance(e, dict) and sorted(e) == sorted(names) and all(isinstance(e[n], str) for n in names) for e in chat
+    ):
+        raise SavedCacheError("this file holds no Chat conversation (allowed: a cache downloaded from the Chat; "
+                              "a library file loads with codeckv.load_cache)")
+    return [Exchange(**e) for e in chat]
 
 
 class ChatSession:
@@ -91,6 +121,42 @@ class ChatSession:
         for exchange in self.exchanges:
             out += [{"role": "user", "content": exchange.user}, {"role": "assistant", "content": exchange.native}]
         return out + ([{"role": "user", "content": user}] if user is not None else [])
+
+    def save(self, path: str | Path, loaded: LoadedModel) -> int:
+        """Write the codec cache of the conversation and its exchanges to `path` (codeckv/saved.py): the bytes."""
+        if self.in_turn or len(self.runs) != 2 or not self.held or not self.exchanges:
+            raise ValueError("nothing to save yet: the conversation needs a finished turn first")
+        codec = self.runs[1]
+        if not isinstance(codec.cache, CodecCache):
+            raise ValueError(f"tier '{codec.tier.name}' keeps a native cache: there is no codec cache to save")
+        return codec.cache.save(path, self.held, loaded, extra={"chat": [asdict(e) for e in self.exchanges]})
+
+    def resume(self, loaded: LoadedModel, path: str | Path, max_bytes: int = MAX_FILE_BYTES,
+               max_tokens: int | None = None) -> Resumed:
+        """Continue the conversation saved at `path`: the codec cache from the file (its view rebuilt), the native
+        cache re-prefilled from the saved token ids, the exchanges from its header. Nothing changes on an error."""
+        start = time.perf_counter()
+        saved = load_cache(path, loaded, max_bytes)
+        exchanges, ids = exchanges_from(saved.header.get("extra")), saved.token_ids.to(loaded.model.device)
+        if ids.shape[0] != 1 or (max_tokens is not None and ids.shape[1] > max_tokens):
+            raise SavedCacheError(f"this file holds {ids.shape[0]} x {ids.shape[1]:,} tokens (allowed: one "
+                                  f"conversation of at most {max_tokens or loaded.info.max_context:,} tokens)")
+        load_s = time.perf_counter() - start
+        tier, free = saved.cache.tier, bool(saved.header["materialization_free"])
+        restore_s = saved.cache.restore()
+        native, codec = Run(loaded, NATIVE, get_tier(NATIVE)), Run(loaded, tier.name, tier, free)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for lo in range(0, ids.shape[1], PREFILL_CHUNK):
+                next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], native.cache)
+        prefill_s = time.perf_counter() - start
+        native.held = codec.held = ids.shape[1]
+        codec.cache = saved.cache
+        self.clear()
+        mode = None if free else False  # what the next turn passes: None = on the codes (the default), False = a view
+        self.setup, self.runs, self.exchanges = (loaded.info.name, tier, mode), [native, codec], exchanges
+        self.held = ids[0].tolist()
+        return Resumed(ids.shape[1], Path(path).stat().st_size, load_s, restore_s, prefill_s)
 
     def stop(self) -> Update | None:
         """End the current turn where it is: keep what both sides had generated; the caches start over.

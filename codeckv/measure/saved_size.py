@@ -67,8 +67,6 @@ def saved_size_table(loaded: LoadedModel, tiers: list, context: int = 2048, fold
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for tier in tiers:
-        if progress:
-            progress(tier.name)
         cache = CodecCache.from_cache(native, tier, calibration=calibration_for(loaded, tier))
         for t in range(context, context + decode_steps):
             next_logits(loaded.model, ids[None, t : t + 1], cache)
@@ -99,4 +97,6 @@ def saved_size_table(loaded: LoadedModel, tiers: list, context: int = 2048, fold
             load_ms=1000 * load_s, resume_exact=exact,
         ))
         del cache, resumed
+        if progress:
+            progress(tier.name)
     return rows

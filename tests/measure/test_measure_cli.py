@@ -28,6 +28,18 @@ def test_inspect_cli_writes_layers_and_charts(tmp_path):
     }
 
 
+def test_saved_size_cli_measures_rest_file_and_resume(tmp_path, capsys):
+    out = tmp_path / "saved.csv"
+    code = main(["saved-size", "--context", "64", "--tiers", "int8", "--out", str(out), "--files", str(tmp_path)])
+    assert code == 0 and "rest_held_bytes" in capsys.readouterr().out
+    row = out.read_text().splitlines()[1].split(",")
+    header = out.read_text().splitlines()[0].split(",")
+    values = dict(zip(header, row))
+    assert values["tier"] == "int8" and values["within_target"] == "True" and values["resume_exact"] == "True"
+    assert int(values["rest_held_bytes"]) < int(values["native_bytes"]) < int(values["view_held_bytes"])
+    assert (tmp_path / "int8.kvc").stat().st_size == int(values["file_bytes"])
+
+
 def test_outputs_default_to_out_never_assets(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["memory", "--contexts", "16", "--new-tokens", "1", "--tiers", "int8"]) == 0
