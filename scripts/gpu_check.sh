@@ -38,6 +38,7 @@ if [ "$dry" = 1 ]; then
   bench=(--lengths 1024 --reps 2)
   prefill=(--tokens 128 --reps 1 --tiers turbo-4 jpeg-k8-int8)
   latency=(--context 128 --tokens 4 --tiers turbo-4)
+  memory=(--contexts 128 --new-tokens 4 --tiers turbo-4)
 else
   if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check.sh: torch sees no CUDA device here (on CPU: scripts/gpu_check.sh --dry-run)" >&2
@@ -50,6 +51,7 @@ else
   bench=(--lengths "1024,4096,16384,65536" --reps 20)
   prefill=(--tokens 1024 4096 --reps 3)
   latency=(--context 1024 --tokens 64 --tiers turbo-4)
+  memory=(--contexts 1024 4096 8192 --new-tokens 64 --tiers turbo-4 pca-8x)
 fi
 mkdir -p "$out"
 
@@ -82,6 +84,8 @@ step "prefill + archiving vs native" 90 \
   "$PY" -m codeckv prefill "${prefill[@]}" --out "$out/prefill-smollm2-135m-$label.csv"
 step "side by side: native vs turbo-4, with and without a view" 60 \
   "$PY" -m codeckv latency "${latency[@]}" --out "$out/latency-smollm2-135m-$label.csv"
+step "memory: held, peak, at rest, the allocator's peak per turn" 240 \
+  "$PY" -m codeckv memory "${memory[@]}" --out "$out/memory-smollm2-135m-$label.csv" --charts "out/memory-$label"
 
 echo
 echo "gpu_check.sh: $(( $(date +%s) - started ))s after set-up; CSVs:"
