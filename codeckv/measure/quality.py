@@ -25,6 +25,11 @@ from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier, get_tier
 
 Progress = Callable[[int, int, str], None]  # (forwards done, forwards in all, message); may raise to stop
+# Lockstep scoring keeps decoded views: every tier decodes one token per step for hundreds of steps beside the
+# others, and on a CPU the torch path's attention on the codes (1.2-1.6x SDPA per step) makes a many-tier sweep
+# several times slower; the attention it computes is the same up to float rounding (tests/test_attention.py).
+# The committed quality CSVs were measured so too. `held_bytes` of a row then says what the view costs.
+SCORING_ON_CODES = False
 
 
 @dataclass
@@ -95,7 +100,7 @@ def measure_quality(
 
     reference, scores, caches = None, {}, {}
     for group in groups:
-        built = [make_cache(loaded, tier) for tier in group]
+        built = [make_cache(loaded, tier, materialization_free=SCORING_ON_CODES) for tier in group]
         names = f"{len(group)} caches in one batch, {group[0].name} to {group[-1].name}" if group[1:] else group[0].name
         reference, got = lockstep(loaded.model, data, built, prefix, reference, step(names))
         for tier, cache, tier_scores in zip(group, built, got):
