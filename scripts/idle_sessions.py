@@ -13,7 +13,6 @@ Prints a table and writes a CSV (default out/idle-sessions-<tier>.csv).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import re
 import socket
@@ -78,6 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from codeckv.inputs import DOCUMENTS
+    from codeckv.measure.table import write_csv
 
     document = next(iter(DOCUMENTS))
     proc, url = _serve({"CODECKV_MAX_IDLE_MIB": str(args.max_idle_mib)})
@@ -123,13 +123,7 @@ def main() -> None:
           f"half of an idle session {ratios[len(ratios) // 2]:.3f} (median; {ratios[0]:.3f}-{ratios[-1]:.3f}); "
           f"server RSS {base / 2**20:.0f} MiB at start, peak {peak / 2**20:.0f} MiB; {evicted} of "
           f"{args.sessions} sessions were evicted while idle and prefilled again; every session answered twice")
-    out = Path(args.out or ROOT / f"out/idle-sessions-{args.tier}.csv")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {out}")
+    print(f"wrote {write_csv(rows, args.out or ROOT / f'out/idle-sessions-{args.tier}.csv')}")
 
 
 if __name__ == "__main__":
