@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--tier", default="turbo-4")
     parser.add_argument("--max-idle-mib", type=int, default=2048, help="CODECKV_MAX_IDLE_MIB of the server")
-    parser.add_argument("--tokens", type=int, default=16, help="max new tokens per turn")
+    parser.add_argument("--tokens", type=int, default=16, help="max new tokens per turn (the Chat allows 8 and more)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
