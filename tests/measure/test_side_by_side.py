@@ -28,8 +28,11 @@ def test_streaming_yields_progressively_longer_texts_on_both_sides(loaded, chat)
     assert result.token_kld[0] == 0.0, "the first token is predicted by the prefill, at full precision"
     assert result.kld > 0 and 0 <= result.top1_pct <= 100
     on_cpu = loaded.model.device.type == "cpu"
-    assert result.codec.peak_memory_source.startswith("cache resident bytes" if on_cpu else "cuda")
+    assert result.codec.peak_memory_source.startswith("the most the cache's own tensors" if on_cpu else "cuda")
     assert result.codec.resident_bytes >= result.codec.archive_bytes > 0
+    assert result.codec.peak_held_bytes >= result.codec.held_bytes > 0
+    assert result.codec.attention == "on the stored codes"
+    assert result.codec.prefill_path.startswith("in chunks of 512 tokens through the codec cache")
     element = torch.finfo(loaded.model.dtype).bits // 8
     assert result.native.archive_bytes * 2 == result.native.bf16_bytes * element, "native holds its dtype's bytes"
     torch.testing.assert_close(
