@@ -67,7 +67,7 @@ def saved_size_table(loaded: LoadedModel, tiers: list, context: int = 2048, fold
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for tier in tiers:
-        cache = CodecCache.from_cache(native, tier, calibration=calibration_for(loaded, tier))
+        cache = CodecCache.from_cache(native, tier, False, calibration_for(loaded, tier))  # with its view
         for t in range(context, context + decode_steps):
             next_logits(loaded.model, ids[None, t : t + 1], cache)
         held = context + decode_steps
