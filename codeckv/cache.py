@@ -64,10 +64,13 @@ class CodecCache(Cache):
         """Build the cache for a model config; `overrides` replace tier fields (e.g. keep_recent=32).
 
         materialization_free: True = CodedLayer (attention on the stored codes, no decoded view), False =
-        CodecLayer (a decoded view), None = the codes wherever the tier allows (view_reason), else the view.
+        CodecLayer (a decoded view), None = the codes wherever the tier allows (view_reason) and the model
+        attends through codeckv.attention (load_model does that; else use_codec_attention(model)), else the view.
         calibration: the model's Calibration for a PCA tier (codeckv.calibration.calibration_for), required there.
         """
         tier = _tier(tier, overrides)
+        if materialization_free is None and not _attends_on_codes(config):
+            materialization_free = False  # SDPA cannot read the codes: a model not routed through codeckv.attention
         layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
         new_layer = _codec_layer(tier, materialization_free, calibration, layer_types)
         layers = [
@@ -161,6 +164,13 @@ def _tier(tier: Tier | str, overrides: dict) -> Tier:
     """as_tier(tier) with `overrides` replacing its fields."""
     tier = as_tier(tier)
     return dataclasses.replace(tier, **overrides) if overrides else tier
+
+
+def _attends_on_codes(config) -> bool:
+    """True when the model of `config` attends through codeckv.attention (load_model, use_codec_attention)."""
+    from codeckv.attention import ATTENTION  # attention.py imports the layers; imported here, not at the top
+
+    return getattr(config, "_attn_implementation", None) == ATTENTION
 
 
 def view_reason(tier: Tier | str) -> str | None:

@@ -14,13 +14,13 @@ def test_each_member_holds_and_predicts_what_it_would_alone(tiny_gemma3):
     use_codec_attention(tiny_gemma3)
     ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(3))
     names = ("native", "turbo-4")
-    alone = [make_cache(tiny_gemma3.config, name) for name in names]
+    alone = [make_cache(tiny_gemma3.config, name, materialization_free=False) for name in names]  # views: compared
     want_logits = []
     for cache in alone:
         tiny_gemma3(input_ids=ids[:, :32], cache=cache, use_cache=True)  # a prefill, then 8 decode steps
         want_logits.append(torch.cat([tiny_gemma3(input_ids=ids[:, t : t + 1], cache=cache).logits
                                       for t in range(32, 40)], dim=1))
-    members = [make_cache(tiny_gemma3.config, name) for name in names]
+    members = [make_cache(tiny_gemma3.config, name, materialization_free=False) for name in names]
     stacked = StackedCache(members, rows=2)
     batch = ids.repeat(2, 1)
     tiny_gemma3(input_ids=batch[:, :32], cache=stacked, use_cache=True)
