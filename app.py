@@ -12,8 +12,6 @@ from __future__ import annotations
 from codeckv.zerogpu import gpu  # first: on ZeroGPU `spaces` patches torch before anything touches CUDA
 
 # isort: split
-import functools
-import inspect as pyinspect
 import os
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from codeckv.formatting import (
     model_markdown,
     stopped_markdown,
 )
+from codeckv.guard import guarded
 from codeckv.inputs import (
     BITS_CHOICES,
     CACHE_FILE_TYPES,
@@ -82,38 +81,6 @@ INSPECT_TEXT = corpus_text()[:1500]  # ~370 tokens of the Python reference: enou
 LIMITS = Limits.from_env()  # the operator's per-request budgets (codeckv/limits.py); requests read them afresh
 REPORTS = Reports(keep=16)  # sweep and needle downloads of this process
 CACHE_FILES = Reports(keep=4, prefix="codeckv-caches-")  # downloaded codec caches: large, so only the newest 4
-
-
-def guarded(handler):
-    """Show any failure as a clear gr.Error (never a stack trace); the app keeps serving."""
-
-    def explain(err: Exception) -> gr.Error:
-        if isinstance(err, gr.Error):
-            return err
-        if isinstance(err, ValueError | ModelUnavailableError):
-            return gr.Error(str(err))
-        return gr.Error(f"{type(err).__name__}: {err}")
-
-    if pyinspect.isgeneratorfunction(handler):
-
-        @functools.wraps(handler)
-        def stream(*args, **kwargs):
-            try:
-                yield from handler(*args, **kwargs)
-            except Exception as err:  # noqa: BLE001 - every failure becomes a message, none a crash
-                raise explain(err) from err
-
-        return stream
-
-    @functools.wraps(handler)
-    def call(*args, **kwargs):
-        try:
-            return handler(*args, **kwargs)
-        except Exception as err:  # noqa: BLE001
-            raise explain(err) from err
-
-    return call
-
 
 @gpu(duration=chat_gpu_seconds)
 @guarded
