@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from codeckv.cache import make_cache
+from codeckv.attention import use_codec_attention
+from codeckv.cache import CODES, VIEW, make_cache
 from codeckv.measure.lockstep import compare, kl_divergence, lockstep, spread, stack_size
 from codeckv.models import ModelInfo
 
@@ -17,8 +18,8 @@ def windows():
     return torch.randint(0, 128, (3, 48), generator=torch.Generator().manual_seed(1))
 
 
-def _caches(model, *names):
-    return [make_cache(model.config, name) for name in names]
+def _caches(model, *names, on_codes=False):
+    return [make_cache(model.config, name, materialization_free=on_codes) for name in names]
 
 
 def test_png_is_exactly_native_and_a_lossy_tier_is_not(tiny_gemma3, windows):
@@ -41,16 +42,21 @@ def two_threads():
     torch.set_num_threads(threads)
 
 
-def test_a_stacked_batch_scores_each_cache_as_it_scores_alone(tiny_gemma3, windows, two_threads):
-    """Attention runs per cache, so a cache's place in the batch changes nothing, and scoring it alone changes
-    only the matrix products' rounding at another batch size (~1e-6)."""
+@pytest.mark.parametrize("on_codes", [False, True], ids=["view", "codes"])
+def test_a_stacked_batch_scores_each_cache_as_it_scores_alone(tiny_gemma3, windows, two_threads, on_codes):
+    """Attention runs per cache (on a decoded view or on the codes), so a cache's place in the batch changes
+    nothing, and scoring it alone changes only the matrix products' rounding at another batch size (~1e-6)."""
     names = ["turbo-4", "jpeg-k2", "int8"]
-    reference, together = lockstep(tiny_gemma3, windows, _caches(tiny_gemma3, "native", *names))
-    _, reversed_order = lockstep(tiny_gemma3, windows, _caches(tiny_gemma3, "native", *names[::-1]))
+    use_codec_attention(tiny_gemma3)  # before the caches are made: on a routed model make_cache can read the codes
+    caches = lambda *tiers: _caches(tiny_gemma3, *tiers, on_codes=on_codes)  # noqa: E731
+    first = caches("native", *names)
+    assert {cache.attention for cache in first[1:]} == {CODES if on_codes else VIEW}
+    reference, together = lockstep(tiny_gemma3, windows, first)
+    _, reversed_order = lockstep(tiny_gemma3, windows, caches("native", *names[::-1]))
     for name, stacked, other_place in zip(names, together[1:], reversed_order[:0:-1]):
         for field in ("nll", "kld", "top1"):
             assert torch.equal(getattr(stacked, field), getattr(other_place, field)), (name, field)
-        _, (alone,) = lockstep(tiny_gemma3, windows, _caches(tiny_gemma3, name), reference=reference)
+        _, (alone,) = lockstep(tiny_gemma3, windows, caches(name), reference=reference)
         assert torch.allclose(stacked.nll, alone.nll, atol=1e-5, rtol=0), name
         assert torch.allclose(stacked.kld, alone.kld, atol=1e-6, rtol=0), name
 
