@@ -17,6 +17,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from codeckv.corpus import corpus_text
 from codeckv.figures import worst_tier
 from codeckv.formatting import (
     model_markdown,
@@ -36,7 +37,6 @@ from codeckv.inputs import (
 )
 from codeckv.limits import Limits, StopFlag, release_memory
 from codeckv.measure.chat import ChatSession
-from codeckv.measure.corpus import corpus_text
 from codeckv.measure.needle import as_dicts as needle_dicts
 from codeckv.measure.table import write_csv
 from codeckv.models import DEFAULT_MODEL, ModelUnavailableError

@@ -119,7 +119,7 @@ def _prompt(args: argparse.Namespace, loaded, default_context: int = 0):
     """
     context = args.context or (default_context if args.prompt is None else 0)
     if context:
-        from codeckv.measure.corpus import corpus_windows
+        from codeckv.corpus import corpus_windows
 
         return corpus_windows(loaded.tokenizer, 1, context)  # (1, N) ids
     text = args.prompt or DEFAULT_PROMPT
@@ -179,7 +179,7 @@ def _sweep(args: argparse.Namespace) -> None:
 def _inspect(args: argparse.Namespace) -> None:
     from dataclasses import asdict
 
-    from codeckv.measure.inspect import capture_kv, inspect_capture
+    from codeckv.measure.inspection import capture_kv, inspect_capture
     from codeckv.measure.table import format_table, write_csv, write_json
 
     loaded = _load(args)

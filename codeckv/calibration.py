@@ -4,7 +4,7 @@
     cache = make_cache(loaded, "pca-8x")                # (codeckv/cache.py calls calibration_for itself)
     calibration = calibrate(model, ids, JointPCA(1.5))  # the computation alone, on any (N, S) token ids
 
-Calibration text: the last windows x length tokens of the embedded corpus (codeckv/measure/corpus.py).
+Calibration text: the last windows x length tokens of the embedded corpus (codeckv/corpus.py).
 The quality windows and sweeps read the corpus from its start, and the held-out docstrings are never
 used, so a tier is never measured on the text it was calibrated on.
 
@@ -36,6 +36,7 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DynamicL
 
 from codeckv.codecs.ans import EntropyTable
 from codeckv.codecs.pca import JointPCA, LayerCoder, ecsq
+from codeckv.corpus import corpus_text
 from codeckv.rope import Rope
 from codeckv.tiers import Tier, as_tier
 
@@ -123,8 +124,6 @@ def calibration_for(loaded, tier: Tier | str, compute: bool = True) -> Calibrati
 
 def calibration_windows(tokenizer, windows: int, length: int) -> torch.Tensor:
     """(windows, length) token ids: the last windows x length tokens of the embedded corpus."""
-    from codeckv.measure.corpus import corpus_text
-
     ids = tokenizer(corpus_text(), return_tensors="pt").input_ids[0]
     if ids.numel() < 2 * windows * length:
         raise ValueError(f"the corpus has {ids.numel()} tokens: too few for {windows} calibration windows of "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from codeckv import plots
-from codeckv.measure.inspect import Inspection
+from codeckv.measure.inspection import Inspection
 from codeckv.measure.quality import QualityRun
 from codeckv.measure.sweep import Sweep
 

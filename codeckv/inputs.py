@@ -31,7 +31,7 @@ CACHE_FILE_TYPES = (".kvc",)  # a saved codec cache (codeckv/saved.py)
 INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"), None)  # zero-width, soft hyphen
 BITS_CHOICES = ("none", *map(str, ALLOWED_BITS))
 
-DOCUMENTS = {  # title -> key of an embedded Python reference topic of 1-3k tokens (the corpus, measure/corpus.py)
+DOCUMENTS = {  # title -> key of an embedded Python reference topic of 1-3k tokens (the corpus, corpus.py)
     "Python reference: the try statement (≈2.0k tokens)": "try",
     "Python reference: the import system (≈2.1k tokens)": "import",
     "Python reference: execution model (≈2.2k tokens)": "execmodel",

@@ -1,7 +1,7 @@
 """Plotly figures from measure/ results, in one theme that reads well on slides.
 
     fig = pareto_figure(result.rows)          # measure/sweep.py rows
-    fig = kv_heatmap_figure(view.head, "key") # measure/inspect.py
+    fig = kv_heatmap_figure(view.head, "key") # measure/inspection.py
     fig.write_html("pareto.html", include_plotlyjs=True)   # standalone, works offline
 
 Every builder returns a `go.Figure` titled, with units on its axes, styled by `themed`.
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from codeckv.measure.inspect import ChannelSpectrum, HeadView, LayerError, Spectrum
+from codeckv.measure.inspection import ChannelSpectrum, HeadView, LayerError, Spectrum
 
 FONT = "Inter, Helvetica Neue, Arial, sans-serif"
 NATIVE_COLOR = "#6b7280"  # grey: the native reference everywhere

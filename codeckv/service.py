@@ -36,7 +36,7 @@ from codeckv.formatting import (
 from codeckv.inputs import fits_model, one_of, read_text_file, saved_cache_file, tier_names, user_text, whole
 from codeckv.limits import Deadline, Limits, StopFlag
 from codeckv.measure.chat import ChatSession
-from codeckv.measure.inspect import inspect_tier
+from codeckv.measure.inspection import inspect_tier
 from codeckv.measure.memory import beside_native, memory_rows, modes_of
 from codeckv.measure.needle import NeedleGrid, needle_grid
 from codeckv.measure.quality import QualityRun, measure_quality

@@ -174,7 +174,7 @@ def _held(layer) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def converted_prompt(loaded):
     """130 corpus tokens and the native DynamicCache after their prefill (from_cache leaves it unchanged)."""
-    from codeckv.measure.corpus import corpus_windows
+    from codeckv.corpus import corpus_windows
 
     ids = corpus_windows(loaded.tokenizer, 1, 130)
     native = DynamicCache(config=loaded.model.config)
@@ -268,7 +268,7 @@ def _generate_logprobs(loaded, texts: list[str], tier: str, materialization_free
 @pytest.mark.parametrize("tier, materialization_free", [("turbo-k4v2", False), ("jpeg-k8-int8", True)])
 def test_a_left_padded_row_is_coded_like_its_text_alone(loaded, tier, materialization_free):
     """With the batch's attention mask, pad tokens stay raw sinks and the padded row's sinks stay raw too."""
-    from codeckv.measure.corpus import corpus_text
+    from codeckv.corpus import corpus_text
     from codeckv.measure.lockstep import kl_divergence
 
     ids = loaded.tokenizer(corpus_text()[:4000], return_tensors="pt").input_ids[0]

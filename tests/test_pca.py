@@ -240,7 +240,7 @@ def test_calibrate_inside_inference_mode_equals_calibrate_outside(tiny_model):
 
 
 def test_calibration_text_is_apart_from_the_quality_windows(loaded):
-    from codeckv.measure.corpus import corpus_text, text_windows
+    from codeckv.corpus import corpus_text, text_windows
 
     ids = loaded.tokenizer(corpus_text(), return_tensors="pt").input_ids[0]
     calib = calibration.calibration_windows(loaded.tokenizer, 8, 512)
@@ -249,7 +249,7 @@ def test_calibration_text_is_apart_from_the_quality_windows(loaded):
 
 
 def test_inspect_reconstructs_through_the_pca_layer_and_draws_the_channel_spectrum(tiny_model):
-    from codeckv.measure.inspect import KVCapture, inspect_capture
+    from codeckv.measure.inspection import KVCapture, inspect_capture
     from codeckv.plots import channel_spectrum_figure
 
     model, calib = tiny_model

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from codeckv.__main__ import main
-from codeckv.measure.corpus import corpus_text, corpus_windows, docstrings_text, text_windows
+from codeckv.corpus import corpus_text, corpus_windows, docstrings_text, text_windows
 from codeckv.measure.quality import measure_quality
 
 

@@ -18,8 +18,8 @@ import torch
 from transformers import DynamicCache
 
 from codeckv.cache import CodecCache, footprint
+from codeckv.corpus import corpus_windows
 from codeckv.generate import next_logits
-from codeckv.measure.corpus import corpus_windows
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Prompt, prompt_ids, run_side_by_side
 from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier

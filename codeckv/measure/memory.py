@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from codeckv.cache import CodecCache, footprint, held_bytes, make_cache, view_reason
+from codeckv.corpus import corpus_windows
 from codeckv.generate import next_logits
-from codeckv.measure.corpus import corpus_windows
 from codeckv.models import LoadedModel
 from codeckv.tiers import as_tier
 

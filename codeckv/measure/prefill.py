@@ -24,7 +24,7 @@ from transformers import DynamicCache
 
 from codeckv.cache import CodecCache, make_cache
 from codeckv.calibration import calibration_for
-from codeckv.measure.corpus import corpus_windows
+from codeckv.corpus import corpus_windows
 from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier
 

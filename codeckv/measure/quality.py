@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from codeckv.cache import CodecCache, footprint, held_bytes, make_cache
+from codeckv.corpus import source_text, text_windows
 from codeckv.layers import CodecLayer
-from codeckv.measure.corpus import source_text, text_windows
 from codeckv.measure.lockstep import Reference, Scores, compare, lockstep, stack_size
 from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier, get_tier

@@ -24,8 +24,8 @@ from transformers import DynamicCache
 
 from codeckv.cache import CodecCache, footprint
 from codeckv.calibration import calibration_for
+from codeckv.corpus import corpus_windows
 from codeckv.generate import next_logits
-from codeckv.measure.corpus import corpus_windows
 from codeckv.models import LoadedModel
 from codeckv.saved import load_cache
 from codeckv.tiers import as_tier

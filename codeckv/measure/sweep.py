@@ -6,7 +6,7 @@
 Generation reuses measure/side_by_side.py: the native run happens once, and every tier generates
 beside it in the same round robin (one token each in turn), so all latencies are measured under the
 same load. The quality numbers come from one reply, so they are noisy: measure/quality.py measures
-quality on long text with its spread over windows. PSNR comes from measure/inspect.py on the K and V
+quality on long text with its spread over windows. PSNR comes from measure/inspection.py on the K and V
 of the prompt plus the native continuation.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from codeckv.calibration import Calibration, calibration_for
-from codeckv.measure.inspect import capture_kv, layer_errors
+from codeckv.measure.inspection import capture_kv, layer_errors
 from codeckv.measure.runs import Comparison, Prompt, RunStats
 from codeckv.measure.side_by_side import prompt_ids, stream_runs
 from codeckv.models import LoadedModel

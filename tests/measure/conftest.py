@@ -29,6 +29,6 @@ def swept(loaded):
 
 @pytest.fixture(scope="session")
 def capture(loaded):
-    from codeckv.measure.inspect import capture_kv
+    from codeckv.measure.inspection import capture_kv
 
     return capture_kv(loaded, TEXT)

@@ -9,9 +9,9 @@ import resource
 import sys
 from collections import deque
 
+from codeckv.corpus import corpus_text
 from codeckv.limits import Limits, release_memory
 from codeckv.measure.chat import ChatSession
-from codeckv.measure.corpus import corpus_text
 from codeckv.models import load_model
 
 

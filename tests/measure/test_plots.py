@@ -5,7 +5,7 @@ import json
 import pytest
 
 from codeckv import plots
-from codeckv.measure.inspect import inspect_capture
+from codeckv.measure.inspection import inspect_capture
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ def test_the_codec_cache_is_filled_from_the_native_prefill_exactly(loaded):
     from transformers import DynamicCache
 
     from codeckv.cache import make_cache
-    from codeckv.measure.corpus import corpus_windows
+    from codeckv.corpus import corpus_windows
     from codeckv.measure.side_by_side import Run, filled_from
 
     ids = corpus_windows(loaded.tokenizer, 1, 80)  # two archive units of turbo-4 and a raw tail

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from codeckv.measure.inspect import dct_energy, inspect_capture, kept_fraction, var_delta_ratio
+from codeckv.measure.inspection import dct_energy, inspect_capture, kept_fraction, var_delta_ratio
 
 
 def test_png_error_heatmap_is_all_zeros(capture):
