@@ -72,30 +72,44 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
-LABEL_OFFSETS = [(0, -30), (0, 30), (55, -22), (55, 22), (-55, -22), (-55, 22), (70, 0), (-70, 0)]  # pixels
+LABEL_OFFSETS = [(0, -30), (0, 30), (60, -24), (60, 24), (-60, -24), (-60, 24), (80, 0), (-80, 0),
+                 (0, -55), (0, 55), (90, -45), (-90, -45), (90, 45), (-90, 45)]  # pixels, nearest first
+LABEL_CHAR_PX, LABEL_HEIGHT_PX, MARKER_PX = 8.0, 18.0, 16.0  # a 14 px label's character and line; a marker's box
 
 
-def place_labels(xs: list[float], ys: list[float], width: float = 1100, height: float = 520) -> list[tuple[int, int]]:
-    """A label offset per point (pixels), chosen greedily to stay far from other points and labels."""
-    if not xs:
-        return []
+def place_labels(xs: list[float], ys: list[float], labels: list[str], x_range: tuple[float, float],
+                 y_range: tuple[float, float], width: float = 1200, height: float = 300) -> list[tuple[int, int]]:
+    """A label offset per point (pixels), chosen greedily so no label box covers another label, a marker or
+    the plot's edge (the nearest such offset; the least covered one when none is clear).
 
-    def scale(values: list[float], size: float) -> list[float]:
-        low, high = min(values), max(values)
-        return [(v - low) / (high - low or 1.0) * size for v in values]
+    The boxes are estimated from the text (LABEL_CHAR_PX per character) on a plot area of width x height
+    pixels showing x_range x y_range: the app's full-width chart.
+    """
+    def pixels(x: float, y: float) -> tuple[float, float]:
+        (x0, x1), (y0, y1) = x_range, y_range
+        return (x - x0) / (x1 - x0 or 1.0) * width, height - (y - y0) / (y1 - y0 or 1.0) * height
 
-    px, py = scale(xs, width), [height - v for v in scale(ys, height)]  # screen y grows downwards
-    taken = list(zip(px, py))
+    def box(cx: float, cy: float, w: float, h: float) -> tuple[float, float, float, float]:
+        return cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+
+    def covered(a, b) -> float:
+        return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+    points = [pixels(x, y) for x, y in zip(xs, ys)]
+    taken = [box(px, py, MARKER_PX, MARKER_PX) for px, py in points]
     offsets = []
-    for i in range(len(xs)):
-        def clearance(offset, i=i):
-            cx, cy = px[i] + offset[0], py[i] + offset[1]
-            others = [p for j, p in enumerate(taken) if j != i]
-            return min([math.hypot((cx - x) / 2.5, cy - y) for x, y in others] or [math.inf])  # labels are wide
+    for (px, py), label in zip(points, labels):
+        w = LABEL_CHAR_PX * len(label) + 6
 
-        best = max(LABEL_OFFSETS, key=clearance)
+        def cost(offset, px=px, py=py, w=w) -> float:
+            rect = box(px + offset[0], py + offset[1], w, LABEL_HEIGHT_PX)
+            outside = (max(0.0, -rect[0]) + max(0.0, rect[2] - width) + max(0.0, -rect[1])
+                       + max(0.0, rect[3] - height)) * LABEL_HEIGHT_PX
+            return sum(covered(rect, other) for other in taken) + outside
+
+        best = min(LABEL_OFFSETS, key=cost)  # min keeps the first (nearest) of equally clear offsets
         offsets.append(best)
-        taken.append((px[i] + best[0], py[i] + best[1]))
+        taken.append(box(px + best[0], py + best[1], w, LABEL_HEIGHT_PX))
     return offsets
 
 
@@ -139,14 +153,18 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
         customdata=[[r["archive_bytes"], y] for r, y in zip(rows, ys)],
         hovertemplate="%{text}<br>%{x:.3f}× bf16 (%{customdata[0]:,} B)<br>" + hover + "<extra></extra>",
     ))
-    for i, (ax, ay) in enumerate(place_labels(xs, shown)):
-        label = rows[i]["tier"] + (f" ({ys[i]:.3g})" if ys[i] > y_cap else "")
-        fig.add_annotation(x=xs[i], y=shown[i], text=label, ax=ax, ay=ay, showarrow=True, arrowhead=0,
+    low = min(shown + [0.0])
+    y_range = (low - 0.08 * (y_cap - low), y_cap * 1.08)
+    x_low, x_high = min(xs + [1.0]), max(xs + [1.0])  # the bf16 line is always drawn
+    x_range = (x_low - 0.06 * (x_high - x_low), x_high + 0.06 * (x_high - x_low))
+    labels = [r["tier"] + (f" ({y:.3g})" if y > y_cap else "") for r, y in zip(rows, ys)]
+    for i, (ax, ay) in enumerate(place_labels(xs, shown, labels, x_range, y_range)):
+        fig.add_annotation(x=xs[i], y=shown[i], text=labels[i], ax=ax, ay=ay, showarrow=True, arrowhead=0,
                            arrowwidth=1, arrowcolor="#9ca3af", font=dict(size=14))
     fig.add_hline(y=0, line=dict(color=NATIVE_COLOR, width=1))
     fig.add_vline(x=1, line=dict(color=NATIVE_COLOR, width=1, dash="dash"), annotation_text="bf16 native")
-    low = min(shown + [0.0])
-    fig.update_yaxes(range=[low - 0.08 * (y_cap - low), y_cap * 1.08])
+    fig.update_yaxes(range=list(y_range))
+    fig.update_xaxes(range=list(x_range))
     fig.update_layout(showlegend=False)
     return themed(fig, title, "KV archive bytes / bf16 cache bytes (×)", axis_title)
 
@@ -220,8 +238,8 @@ def kv_heatmap_figure(head: HeadView, which: str = "key", tokens: Sequence[str] 
 def spectrum_figure(spectrum: Spectrum) -> go.Figure:
     """Share of energy per DCT frequency within blocks of r tokens, one line per layer, K and V; k cut marked."""
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.05,
-                        subplot_titles=(f"keys (kept at k={spectrum.k}: {float(spectrum.key_kept.mean()):.1%})",
-                                        f"values (kept at k={spectrum.k}: {float(spectrum.value_kept.mean()):.1%})"))
+                        subplot_titles=(f"keys: {float(spectrum.key_kept.mean()):.1%} kept at k={spectrum.k}",
+                                        f"values: {float(spectrum.value_kept.mean()):.1%} kept"))
     layers = spectrum.key_energy.shape[0]
     freqs = list(range(spectrum.block_size))
     for col, energy in ((1, spectrum.key_energy), (2, spectrum.value_energy)):
@@ -233,21 +251,24 @@ def spectrum_figure(spectrum: Spectrum) -> go.Figure:
                 hovertemplate=f"layer {layer}<br>frequency %{{x}}<br>%{{y:.2%}} of energy<extra></extra>",
             ), row=1, col=col)
         if spectrum.k < spectrum.block_size:
-            fig.add_vline(x=spectrum.k - 0.5, line=dict(color="#dc2626", dash="dash", width=2), row=1, col=col,
-                          annotation_text=f"k = {spectrum.k}", annotation_position="top right")
-    fig.update_yaxes(type="log", title_text="share of block energy (log)", row=1, col=1)
-    fig.update_xaxes(title_text=f"DCT frequency index (block r = {spectrum.block_size} tokens)", dtick=1)
-    return themed(fig, "DCT spectrum along the sequence, per layer (dark = deep)")
+            fig.add_vline(x=spectrum.k - 0.5, line=dict(color="#dc2626", dash="dash", width=2), row=1, col=col)
+    fig.update_yaxes(type="log", dtick=1, title_text="share of block energy (log)", row=1, col=1)
+    fig.update_xaxes(title_text=f"frequency (r = {spectrum.block_size})", dtick=max(1, spectrum.block_size // 8))
+    return themed(fig, "DCT spectrum along the sequence (dark = deep)")
 
 
 def channel_spectrum_figure(channels: ChannelSpectrum) -> go.Figure:
     """Energy in the top-r principal components across heads and channels, one line per layer, K and V;
-    with a PCA tier, a third panel: the bits its calibration spends on each joint K+V component."""
-    panels = 3 if channels.bits else 2
+    with a PCA tier, a second row: the bits its calibration spends on each joint K+V component."""
     keys, values = (sum(c) / len(c) for c in channels.components_for(0.99))
-    titles = [f"keys ({keys:.0f} of {channels.key_share.shape[1]} components hold 99%)",
-              f"values ({values:.0f} of {channels.value_share.shape[1]} hold 99%)", "bits per K+V component (tier)"]
-    fig = make_subplots(rows=1, cols=panels, horizontal_spacing=0.06, subplot_titles=titles[:panels])
+    titles = [f"keys: {keys:.0f} of {channels.key_share.shape[1]} hold 99%",
+              f"values: {values:.0f} of {channels.value_share.shape[1]}", "bits per joint K+V component (tier)"]
+    if channels.bits:
+        fig = make_subplots(rows=2, cols=2, specs=[[{}, {}], [{"colspan": 2}, None]], horizontal_spacing=0.08,
+                            vertical_spacing=0.22, subplot_titles=titles)
+        fig.update_layout(height=720)
+    else:
+        fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=titles[:2])
     layers = channels.key_share.shape[0]
     for col, share in ((1, channels.key_share), (2, channels.value_share)):
         for layer in range(layers):
@@ -256,18 +277,20 @@ def channel_spectrum_figure(channels: ChannelSpectrum) -> go.Figure:
                 line=dict(width=1.5, color=_gradient(layer, layers)), name=f"layer {layer}",
                 hovertemplate=f"layer {layer}<br>top %{{x}} components<br>%{{y:.2%}} of energy<extra></extra>",
             ), row=1, col=col)
-        fig.update_xaxes(type="log", title_text="principal components kept (r, log)", row=1, col=col)
+        fig.update_xaxes(type="log", dtick=1, title_text="components kept (log)", row=1, col=col)
+        fig.update_yaxes(range=[0, 1.05], row=1, col=col)
     for layer, bits in channels.bits.items():
         fig.add_trace(go.Scatter(
             x=list(range(1, bits.numel() + 1)), y=bits.tolist(), mode="lines", showlegend=False,
             line=dict(width=1.5, color=_gradient(layer, layers)), name=f"layer {layer}",
             hovertemplate=f"layer {layer}<br>component %{{x}}<br>%{{y:.2f}} bits/token<extra></extra>",
-        ), row=1, col=3)
+        ), row=2, col=1)
     if channels.bits:
-        fig.update_xaxes(type="log", title_text="joint K+V component (dropped ones not shown)", row=1, col=3)
-        fig.update_yaxes(title_text="bits per token", row=1, col=3)
-    fig.update_yaxes(title_text="share of energy", range=[0, 1.02], row=1, col=1)
-    return themed(fig, "Channel spectrum: energy in the top principal components, per layer (dark = deep)")
+        fig.update_xaxes(type="log", dtick=1, title_text="joint K+V component (log; dropped ones not shown)",
+                         row=2, col=1)
+        fig.update_yaxes(title_text="bits per token", row=2, col=1)
+    fig.update_yaxes(title_text="share of energy", row=1, col=1)
+    return themed(fig, "Channel spectrum per layer (dark = deep)")
 
 
 def layer_error_figure(layers: Sequence[LayerError]) -> go.Figure:
@@ -281,7 +304,8 @@ def layer_error_figure(layers: Sequence[LayerError]) -> go.Figure:
                                  mode="lines+markers", name=f"{name} PSNR", line=dict(color=color)), row=2, col=1)
     fig.add_trace(go.Scatter(x=index, y=[e.attention_rel_error for e in layers], mode="lines+markers",
                              name="attention output rel. error", line=dict(color=ACCENT_COLOR)), row=1, col=1)
-    fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.15))
+    fig.update_layout(barmode="group", height=560, margin=dict(b=150),
+                      legend=dict(orientation="h", x=0, y=-0.3, yanchor="top"))
     fig.update_yaxes(title_text="‖x̂ − x‖ / ‖x‖", row=1, col=1)
     fig.update_yaxes(title_text="PSNR (dB)", row=2, col=1)
     fig.update_xaxes(title_text="layer", row=2, col=1)
@@ -328,7 +352,7 @@ def needle_figure(grid) -> go.Figure:
     fig = make_subplots(rows=1, cols=len(tiers), shared_yaxes=True, horizontal_spacing=0.02,
                         subplot_titles=[f"{t} ({int(grid.retrieved(t).sum())}/{grid.retrieved(t).numel()})"
                                         for t in tiers])
-    x = [f"{n:,}" for n in grid.lengths]
+    x = [f"{n / 1024:.0f}k" if n >= 1024 else str(n) for n in grid.lengths]  # short: panels are narrow
     y = [f"{d:.0%}" for d in grid.depths]
     for col, tier in enumerate(tiers, start=1):
         fig.add_trace(go.Heatmap(
@@ -357,6 +381,6 @@ def memory_figure(rows: Sequence, field: str = "held_bytes", title: str = "Held 
             line=dict(color=NATIVE_COLOR if native else CODEC_COLORS[index % len(CODEC_COLORS)],
                       dash="dot" if name.endswith("(view)") else "solid", width=3 if native else 2),
         ))
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(type="log", dtick=1)
     fig.update_xaxes(type="log", tickvals=sorted({r["context"] for p in series.values() for r in p}))
     return themed(fig, title, "prompt tokens", "MiB")

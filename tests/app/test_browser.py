@@ -2,7 +2,8 @@
 
 Types a question and sees both panels fill (printing the time to the first streamed token), asks about
 an embedded long document from the examples row, opens every tab, runs a long-text sweep and saves
-screenshots to assets/screenshots/ (the README shows them).
+screenshots to assets/screenshots/ (the README shows them), checking that no figure in them has a clipped or
+overlapping title, legend or label (tests/figure_layout.py).
 """
 
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from codeckv.tiers import TIERS
+from tests.figure_layout import figure_layout_problems
 
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = Path("/usr/bin/chromium")
@@ -81,6 +83,8 @@ def test_inspect_tab(page):
     page.get_by_text("went through the codec").wait_for(timeout=120_000)
     page.wait_for_timeout(1500)
     page.screenshot(path=str(SHOTS / "inspect.png"), full_page=True)
+    assert page.locator(".js-plotly-plot").count() >= 5, "the Inspect figures did not render"
+    assert figure_layout_problems(page) == []
 
 
 def test_long_text_sweep_with_error_bars(page):
@@ -99,3 +103,4 @@ def test_long_text_sweep_with_error_bars(page):
     page.screenshot(path=str(SHOTS / "sweep.png"), full_page=True)
     assert all(name in tables for name in SWEPT) and "±" in tables, tables
     assert page.locator(".js-plotly-plot").count() >= 2, "the sweep's charts did not render"
+    assert figure_layout_problems(page) == []

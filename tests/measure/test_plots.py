@@ -1,11 +1,22 @@
-"""Every figure builds from real measurements and serializes to JSON."""
+"""Every figure builds from real measurements, serializes to JSON and, drawn by Chromium at the app's sizes,
+has no clipped or overlapping titles, legends or labels (tests/figure_layout.py)."""
 
+import csv
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from codeckv import plots
 from codeckv.measure.inspection import inspect_capture
+from codeckv.measure.needle import NeedleGrid, NeedleRow
+from tests.figure_layout import figure_layout_problems
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+CHROMIUM = Path("/usr/bin/chromium")
+FULL, HALF = 1330, 650  # the width of a full-row and a half-row gr.Plot at the browser test's 1400 px viewport
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +72,66 @@ def test_pareto_draws_error_bars_from_the_standard_errors():
     assert list(points.error_y.array) == [0.002, 0.001] and points.error_y.visible
     with pytest.raises(ValueError, match="allowed: kld, delta_nll_pct"):
         plots.pareto_figure(rows, "psnr")
+
+
+def _csv_rows(name: str) -> list[dict]:
+    """A committed measurement's rows, numbers as numbers."""
+    def value(text: str):
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return {"True": True, "False": False}.get(text, text)
+
+    with (ASSETS / name).open() as f:
+        return [{key: value(text) for key, text in row.items()} for row in csv.DictReader(f)]
+
+
+def _needle_grid() -> NeedleGrid:
+    rows = [NeedleRow(**row) for row in _csv_rows("needle-smollm2-135m.csv")]
+    tiers = list(dict.fromkeys(r.tier for r in rows))
+    return NeedleGrid(rows, tiers, sorted({r.length for r in rows}), sorted({r.depth for r in rows}))
+
+
+def _drawn_figures(swept, view) -> dict[str, tuple]:
+    """Every figure the app draws, with the width of its place in the app (inspect's halves are HALF)."""
+    quality = _csv_rows("quality-smollm2-135m.csv")
+    layers = view.channels.key_share.shape[0]
+    with_bits = dataclasses.replace(view.channels, bits={i: torch.linspace(8, 0, 150) for i in range(layers)})
+    half = {"spectrum", "layer_errors", "var_ratio"}
+    figures = {name: (fig, HALF if name in half else FULL) for name, fig in _figures(swept, view).items()}
+    return {
+        **figures,
+        "channel_spectrum": (plots.channel_spectrum_figure(view.channels), HALF),
+        "channel_spectrum_pca": (plots.channel_spectrum_figure(with_bits), HALF),  # the PCA tiers' bits panel
+        "pareto_quality_kld": (plots.pareto_figure(quality, "kld", title="Storage vs KL divergence (4 × 512)"), FULL),
+        "pareto_quality_nll": (plots.pareto_figure(quality, "delta_nll_pct", title="Storage vs ΔNLL (4 × 512)"), FULL),
+        "needle": (plots.needle_figure(_needle_grid()), FULL),
+        "memory": (plots.memory_figure(_csv_rows("memory-smollm2-135m.csv")), FULL),
+    }
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed (scripts/setup.sh --dev)")
+def test_every_figure_reads_cleanly_at_the_apps_sizes(swept, view):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    plotly_js = (Path(plots.go.__file__).parents[1] / "package_data" / "plotly.min.js").read_text()
+    problems = {}
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"],
+                                    headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_content(f"<html><body><script>{plotly_js}</script></body></html>")
+        for name, (fig, width) in _drawn_figures(swept, view).items():
+            page.evaluate("""([figure, width]) => {
+                document.querySelectorAll('body > div').forEach((old) => old.remove());
+                const div = document.createElement('div');
+                div.style.width = width + 'px';
+                document.body.appendChild(div);
+                return Plotly.newPlot(div, figure.data, figure.layout);
+            }""", [json.loads(fig.to_json()), width])
+            assert page.locator(".js-plotly-plot").count() == 1, f"{name} was not drawn"
+            problems[name] = figure_layout_problems(page)
+        browser.close()
+    assert not any(problems.values()), {name: found for name, found in problems.items() if found}
