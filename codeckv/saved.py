@@ -60,6 +60,7 @@ from codeckv.codecs.pca import SINK_CODEC, JointPCA
 from codeckv.layers import CodecLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
+from codeckv.schedule import tiers_used
 from codeckv.tiers import Tier
 
 FORMAT = "codeckv-cache"
@@ -400,7 +401,7 @@ def load_cache(path: str | Path, source, max_bytes: int = MAX_FILE_BYTES, materi
         mode = bool(materialization_free)
     elif mode is not None:
         mode = bool(mode)
-    pca_tiers = [t for t in {tier, *(layer_tier for _, layer_tier in tier.per_layer)} if t.joint is not None]
+    pca_tiers = [t for t in tiers_used(tier) if t.joint is not None]
     if pca_tiers and calibration is None:
         if not isinstance(source, LoadedModel):
             raise SavedCacheError(f"tier '{tier.name}' needs the model's calibration: pass a LoadedModel or "

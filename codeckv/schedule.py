@@ -70,6 +70,11 @@ def check_layers(tier: Tier, layer_types: list[str]) -> None:
                              f"'{layer_tier.name}' cannot go there (allowed: the full-attention layers {ranges(full)})")
 
 
+def tiers_used(tier: Tier) -> list[Tier]:
+    """The distinct plain tiers of a schedule: its base first, then its overrides (a plain tier: itself)."""
+    return list(dict.fromkeys([dataclasses.replace(tier, per_layer=()), *(t for _, t in tier.per_layer)]))
+
+
 def layer_tiers(tier: Tier, layer_types: list[str]) -> list[Tier | None]:
     """The plain tier of every model layer (None where the layer is not full attention and stays native)."""
     check_layers(tier, layer_types)

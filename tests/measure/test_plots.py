@@ -27,6 +27,7 @@ def _figures(swept, view):
         "layer_errors": plots.layer_error_figure(view.layers),
         "token_kld": plots.token_kld_figure(cmp.token_kld, cmp.scored_tokens, cmp.tier),
         "var_ratio": plots.var_ratio_figure(view.layers),
+        "layer_tiers": plots.layer_tier_figure(view.layers),
     }
 
 
@@ -61,3 +62,13 @@ def test_pareto_draws_error_bars_from_the_standard_errors():
     assert list(points.error_y.array) == [0.002, 0.001] and points.error_y.visible
     with pytest.raises(ValueError, match="allowed: kld, delta_nll_pct"):
         plots.pareto_figure(rows, "psnr")
+
+
+def test_the_tier_per_layer_figure_has_one_bar_series_per_tier(capture):
+    from codeckv.measure.inspection import inspect_capture
+    from codeckv.schedule import schedule
+
+    view = inspect_capture(capture, schedule("turbo-4", {0: "int8", 1: "int8", 29: "turbo-3"}))
+    bars = [trace for trace in plots.layer_tier_figure(view.layers).data if trace.type == "bar"]
+    assert sorted(trace.name for trace in bars)[0] == "int8" and len(bars) == 3
+    assert {trace.name: list(trace.x) for trace in bars}["int8"] == [0, 1]
