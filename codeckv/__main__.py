@@ -117,6 +117,10 @@ def _allocate(args: argparse.Namespace) -> None:
     from codeckv.measure.quality import as_dicts
     from codeckv.measure.table import format_table, write_csv
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     loaded = _load(args)
     start = time.perf_counter()
     if args.method == "lockstep":
@@ -133,6 +137,8 @@ def _allocate(args: argparse.Namespace) -> None:
     print(format_table(rows))
     print(f"plan: {plan.text}\nmean steady-state ratio {plan.cost:.4f} (budget {args.budget}: {plan.budget_cost:.4f}); "
           f"predicted (sum of layers alone) {plan.predicted:.4g} vs {plan.budget_predicted:.4g} uniform")
+    out = Path(args.out or f"out/allocate-{loaded.info.name.replace('/', '_')}-{args.budget}")
+    paths = [write_csv(sensitivity.rows(), out / "sensitivity.csv"), write_csv(rows, out / "allocation.csv")]
     bar, progress = _bar("compare")
     compared = as_dicts(compare_allocation(loaded, plan, args.eval_windows, args.eval_length, progress))
     bar.close()
@@ -141,11 +147,9 @@ def _allocate(args: argparse.Namespace) -> None:
     columns = ["source", "tier", "ratio_vs_bf16", "steady_state_ratio", "kld", "kld_se", "top1_pct", "top1_se",
                "delta_nll_pct", "delta_nll_se"]
     print(format_table(compared, columns))
-    out = Path(args.out or f"out/allocate-{loaded.info.name.replace('/', '_')}-{args.budget}")
     for row in compared:
         row["schedule"] = plan.text if row["tier"] == "allocated" else ""
-    paths = [write_csv(sensitivity.rows(), out / "sensitivity.csv"), write_csv(rows, out / "allocation.csv"),
-             write_csv(compared, out / "comparison.csv")]
+    paths.append(write_csv(compared, out / "comparison.csv"))
     print("wrote " + ", ".join(map(str, paths)))
 
 
@@ -512,6 +516,7 @@ def _parser() -> argparse.ArgumentParser:
                                " lockstep: the KLD of each layer compressed alone (one cache per layer and tier)")
     allocate.add_argument("--windows", type=_positive, default=4, help="corpus windows to measure on (default 4)")
     allocate.add_argument("--length", type=_positive, default=256, help="tokens per window (default 256)")
+    allocate.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
     allocate.add_argument("--eval-windows", type=_positive, default=4, help="windows of the comparison (default 4)")
     allocate.add_argument("--eval-length", type=_positive, default=512, help="tokens per comparison window (512)")
     allocate.add_argument("--out", help="folder for sensitivity.csv, allocation.csv, comparison.csv "

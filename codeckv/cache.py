@@ -204,14 +204,18 @@ def _codec_layer(tier: Tier, materialization_free: bool | None, calibration, lay
     tier: a plain tier, or a per-layer schedule (checked against the model's layers: codeckv/schedule.py).
     """
     plain = {t for t in layer_tiers(tier, layer_types) if t is not None and not t.is_native}
-    calibrations = _by_spec(calibration)
+    pca = [t for t in plain if t.joint is not None]
+    if isinstance(calibration, Calibration) and len(pca) == 1:
+        calibrations = {pca[0].joint: calibration}  # one PCA tier: the calibration given is its own
+    else:
+        calibrations = _by_spec(calibration)
     builders = {t: _plain_codec_layer(t, materialization_free, calibrations.get(t.joint), layer_types)
                 for t in plain}
     return lambda index: builders[tier.tier_at(index)](index)
 
 
 def _by_spec(calibration) -> dict:
-    """{JointPCA spec: Calibration} of a Calibration, a list of them, or None."""
+    """{JointPCA spec: Calibration} of a Calibration, a list of them (one per PCA tier of a schedule), or None."""
     if calibration is None:
         return {}
     calibrations = calibration if isinstance(calibration, list | tuple) else [calibration]

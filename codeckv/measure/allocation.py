@@ -229,7 +229,8 @@ def allocate(sensitivity: Sensitivity, budget: Tier | str = "turbo-4") -> Alloca
 def compare_allocation(loaded: LoadedModel, plan: Allocation, windows: int = 4, length: int = 512,
                        progress: Progress | None = None) -> list[QualityRow]:
     """The plan and the uniform budget tier, each against native, on the corpus and on the held-out docstrings."""
+    tiers = [plan.budget] if plan.tier == plan.budget else [plan.budget, plan.tier]  # uniform: the plan is the budget
     rows = []
     for source in ("corpus", "docstrings"):
-        rows += measure_quality(loaded, [plan.budget, plan.tier], windows, length, source, progress=progress).rows
+        rows += measure_quality(loaded, tiers, windows, length, source, progress=progress).rows
     return rows

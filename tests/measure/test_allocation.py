@@ -96,3 +96,14 @@ def test_fisher_scores_rank_the_rungs_by_their_error_on_every_full_attention_lay
         png, turbo3, turbo4, int8 = (scores[layer, name] for name in ("png", "turbo-3", "turbo-4", "int8"))
         assert png == 0.0, "a lossless tier changes nothing"
         assert turbo3 > turbo4 > int8 > 0, f"layer {layer}: fewer bits, more loss"
+
+
+def test_lockstep_sensitivity_probes_every_layer_alone(loaded):
+    """One probe cache per (layer, tier), each compressing that layer only, scored in one lockstep run."""
+    from codeckv.measure.allocation import layer_sensitivity
+
+    sens = layer_sensitivity(loaded, ["int8", "jpeg-k2"], windows=1, length=24)
+    assert sens.layers == list(range(30)) and len(sens.score) == 60 and sens.method == "lockstep"
+    coarse, fine = (sum(sens.score[layer, name] for layer in sens.layers) for name in ("jpeg-k2", "int8"))
+    assert coarse > fine > 0, "keeping 2 of 8 DCT frequencies moves the output more than 8-bit codes"
+    assert all(0 <= sens.top1_pct[key] <= 100 for key in sens.score)
