@@ -41,7 +41,7 @@ from codeckv.kernel_ops import layout_of
 from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
-from codeckv.schedule import layer_tiers, schedule, tiers_used
+from codeckv.schedule import layer_tiers, schedule
 from codeckv.tiers import Tier, as_tier
 
 CODES, VIEW = "on the stored codes", "on a decoded view"  # CodecCache.attention
@@ -266,7 +266,7 @@ def make_cache(source, tier: Tier | str, materialization_free: bool | None = Non
     if tier.is_native:
         return DynamicCache(config=config)
     if calibration is None and isinstance(source, LoadedModel):
-        calibration = [calibration_for(source, t) for t in tiers_used(tier) if t.joint is not None] or None
+        calibration = calibration_for(source, tier)
     cache = CodecCache.from_config(config, tier, materialization_free, calibration, **overrides)
     if attention_mask is not None:
         cache.set_left_padding(attention_mask)

@@ -401,12 +401,11 @@ def load_cache(path: str | Path, source, max_bytes: int = MAX_FILE_BYTES, materi
         mode = bool(materialization_free)
     elif mode is not None:
         mode = bool(mode)
-    pca_tiers = [t for t in tiers_used(tier) if t.joint is not None]
-    if pca_tiers and calibration is None:
+    if any(t.joint is not None for t in tiers_used(tier)) and calibration is None:
         if not isinstance(source, LoadedModel):
             raise SavedCacheError(f"tier '{tier.name}' needs the model's calibration: pass a LoadedModel or "
                                   "calibration=")
-        calibration = [calibration_for(source, t) for t in pca_tiers]
+        calibration = calibration_for(source, tier)
     try:
         cache = CodecCache.from_config(model.config, tier, mode, calibration)
     except ValueError as err:

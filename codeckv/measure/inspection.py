@@ -37,7 +37,7 @@ from codeckv.layers import CodecLayer
 from codeckv.measure.side_by_side import Prompt, prompt_ids
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
-from codeckv.schedule import check_layers, tiers_used
+from codeckv.schedule import check_layers
 from codeckv.tiers import Tier, as_tier
 
 DEFAULT_BLOCK = 8  # DCT block for the spectrum of a tier without a DCT codec
@@ -317,9 +317,7 @@ def inspect_capture(capture: KVCapture, tier: Tier | str, layer: int = 0, head: 
 
 def inspect_tier(loaded: LoadedModel, prompt: Prompt, tier: Tier | str, layer: int = 0, head: int = 0) -> Inspection:
     """capture_kv then inspect_capture (with the model's calibrations for the PCA tiers it uses)."""
-    tier = as_tier(tier)
-    pca = [t for t in tiers_used(tier) if t.joint is not None]
-    return inspect_capture(capture_kv(loaded, prompt), tier, layer, head, [calibration_for(loaded, t) for t in pca])
+    return inspect_capture(capture_kv(loaded, prompt), tier, layer, head, calibration_for(loaded, tier))
 
 
 def relative_error(x: torch.Tensor, x_hat: torch.Tensor) -> float:

@@ -13,6 +13,7 @@ from codeckv.inputs import DOCUMENTS
 from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.measure.chat import ChatSession
 from codeckv.sessions import IdleSessions
+from codeckv.tiers import TIERS
 
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]  # Advanced accordion untouched: use the preset
 
@@ -110,6 +111,15 @@ def test_custom_tier_from_advanced_settings_runs():
     advanced = [True, 8, 4, "8", "same", 64, False, 4, 16, ""]
     native, codec, _, codec_stats, *_ = _turn("Name a colour.", advanced=advanced)[-1]
     assert codec[-1]["content"] and "**custom**" in codec_stats
+
+
+def test_a_per_layer_schedule_from_advanced_settings_runs_with_each_layer_on_its_tier():
+    advanced = [*PLAIN[:-1], "0-1:int8, 29:pca-8x"]
+    native, codec, _, codec_stats, *_, session = _turn("Name a colour.", tier="turbo-4", advanced=advanced)[-1]
+    assert codec[-1]["content"] and "turbo-4 · 0-1:int8, 29:pca-8x" in codec_stats
+    layers = session.runs[1].cache.layers
+    assert [layers[i].tier.name for i in (0, 1, 29)] == ["int8", "int8", "pca-8x"]
+    assert layers[5].tier.key == TIERS["turbo-4"].key
 
 
 def test_attention_reads_the_codes_by_default_and_the_stats_say_where():

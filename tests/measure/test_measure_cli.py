@@ -1,5 +1,6 @@
 """CLI smoke tests: sweep and inspect write CSV, JSON and standalone HTML."""
 
+import csv
 import json
 
 from codeckv.__main__ import main
@@ -48,9 +49,11 @@ def test_allocate_cli_prints_the_plan_and_writes_its_three_tables(tmp_path, caps
     assert "plan: " in out and "fisher sensitivity of each of 30 layers" in out
     allocation = (tmp_path / "allocation.csv").read_text().splitlines()
     assert allocation[0].startswith("layer,tier,") and len(allocation) == 31
-    comparison = (tmp_path / "comparison.csv").read_text().splitlines()
-    sources = [line.split(",")[comparison[0].split(",").index("source")] for line in comparison[1:]]
-    assert sources.count("corpus") == sources.count("docstrings") >= 2, "native and the tiers on both texts"
+    with (tmp_path / "comparison.csv").open() as f:
+        comparison = list(csv.DictReader(f))
+    sources = [row["source"] for row in comparison]
+    assert sources.count("corpus") == sources.count("docstrings") == 3, "native, uniform and the plan on both texts"
+    assert {row["tier"] for row in comparison} == {"native", "jpeg-k8-int8", "allocated"}
     assert len((tmp_path / "sensitivity.csv").read_text().splitlines()) == 61
 
 
