@@ -160,7 +160,7 @@ def test_model_panel_describes_the_model():
 
 def test_inspect_returns_figures_and_summary():
     *figures, summary = app.inspect_kv(app.INSPECT_TEXT, "smollm2-135m", "jpeg-k2", *PLAIN, 3, 1, "V")
-    assert len(figures) == 5 and all(f is not None for f in figures)
+    assert len(figures) == 6 and all(f is not None for f in figures)
     assert "layer 3, head 1" in summary and "PSNR" in summary and "inf dB" not in summary
 
 
