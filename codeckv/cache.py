@@ -56,8 +56,12 @@ class CodecCache(Cache):
 
     @property
     def attention(self) -> str:
-        """Where attention reads this cache's archived tokens: CODES (no decoded view) or VIEW."""
-        return CODES if any(isinstance(layer, CodedLayer) for layer in self.layers) else VIEW
+        """Where attention reads this cache's archived tokens: CODES (no decoded view), VIEW, or both (a schedule)."""
+        codec = [layer for layer in self.layers if isinstance(layer, CodecLayer)]
+        coded = [layer for layer in codec if isinstance(layer, CodedLayer)]
+        if not coded or len(coded) == len(codec):
+            return CODES if coded else VIEW
+        return f"{CODES} in {len(coded)} of {len(codec)} layers, {VIEW} in the others"
 
     @classmethod
     def from_config(

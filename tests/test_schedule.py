@@ -107,3 +107,6 @@ def test_a_scheduled_layer_stores_what_the_same_tier_stores_alone(tiny_gemma3):
     assert torch.equal(mixed.layers[2].keys, uniform["turbo-4"].layers[2].keys), "layer 2 is coded as turbo-4 alone"
     on_codes = make_cache(tiny_gemma3.config, "turbo-4", None, per_layer={5: "int8"})
     assert all(type(on_codes.layers[i]) is CodedLayer for i in FULL), "each layer on its codes where its tier allows"
+    assert on_codes.attention == "on the stored codes"
+    mixed = make_cache(tiny_gemma3.config, "turbo-4", None, per_layer={5: "png"})
+    assert mixed.attention == "on the stored codes in 1 of 2 layers, on a decoded view in the others", "png: a view"
