@@ -104,7 +104,7 @@ class CodecCache(Cache):
         tier = _tier(tier, overrides)
         if tier.is_native:
             raise ValueError(f"tier '{tier.name}' is native: keep the cache itself (allowed: a tier that encodes)")
-        full = ["full_attention" if type(layer) is DynamicLayer else "other" for layer in cache.layers]
+        full = ["full_attention" if type(layer) is DynamicLayer else type(layer).__name__ for layer in cache.layers]
         new_layer = _codec_layer(tier, materialization_free, calibration, full)
         layers = []
         for index, layer in enumerate(cache.layers):

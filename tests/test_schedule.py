@@ -110,3 +110,17 @@ def test_a_scheduled_layer_stores_what_the_same_tier_stores_alone(tiny_gemma3):
     assert on_codes.attention == "on the stored codes"
     mixed = make_cache(tiny_gemma3.config, "turbo-4", None, per_layer={5: "png"})
     assert mixed.attention == "on the stored codes in 1 of 2 layers, on a decoded view in the others", "png: a view"
+
+
+@torch.inference_mode()
+def test_a_native_prefill_converts_into_a_schedule_and_refuses_a_sliding_layer(tiny_gemma3):
+    from transformers import DynamicCache
+
+    ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(4))
+    native = DynamicCache(config=tiny_gemma3.config)
+    next_logits(tiny_gemma3, ids, native)
+    converted = CodecCache.from_cache(native, schedule("turbo-4", {5: "int8"}), False)
+    assert converted.layers[5].tier == TIERS["int8"] and converted.layers[2].tier.key == TIERS["turbo-4"].key
+    assert converted.footprint().layers[5].archived_tokens == 40
+    with pytest.raises(ValueError, match="layer 1 is a DynamicSlidingWindowLayer layer"):
+        CodecCache.from_cache(native, schedule("turbo-4", {1: "int8"}))
