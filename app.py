@@ -43,6 +43,7 @@ from codeckv.models import DEFAULT_MODEL, ModelUnavailableError
 from codeckv.plots import needle_figure
 from codeckv.pool import POOL
 from codeckv.reports import Reports
+from codeckv.schedule import MAX_SCHEDULE_CHARS
 from codeckv.service import (
     DOWNLOAD_GPU_SECONDS,
     INSPECT_GPU_SECONDS,
@@ -157,7 +158,7 @@ def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
     finally:
         release_memory()
     return (figures["heatmap"], figures["spectrum"], figures["channel_spectrum"], figures["layer_errors"],
-            figures["var_ratio"], summary)
+            figures["var_ratio"], figures["layer_tiers"], summary)
 
 def request_stop(flag):
     """The Sweep / Needle Stop button: the running request stops at its next step."""
@@ -241,7 +242,9 @@ def advanced_settings():
             rotation = gr.Checkbox(label="Hadamard rotation + Lloyd-Max levels", value=True)
             keep_first = gr.Number(label="keep_first (sink tokens)", value=0, precision=0)
             keep_recent = gr.Number(label="keep_recent (window)", value=0, precision=0)
-    return [custom, block, k, bits, value_bits, group, rotation, keep_first, keep_recent]
+        per_layer = gr.Textbox(label="per-layer tiers (these layers get these presets; e.g. 0-3:int8, 29:turbo-3)",
+                               value="", max_length=MAX_SCHEDULE_CHARS, max_lines=2)
+    return [custom, block, k, bits, value_bits, group, rotation, keep_first, keep_recent, per_layer]
 
 
 def model_shape(name: str) -> tuple[int, int]:
@@ -333,6 +336,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         with gr.Row():
             layer_errors = gr.Plot(label="per-layer error")
             var_ratio = gr.Plot(label="Var(Δ)/Var(X)")
+        layer_tiers = gr.Plot(label="tier per layer")
 
     with gr.Tab("Tier sweep"):
         sweep_mode = gr.Radio([LONG_TEXT, ONE_PROMPT], value=LONG_TEXT, label="measure on")
@@ -417,7 +421,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     for panel in (native_chat, codec_chat):  # clearing one panel clears the conversation: both stay in step
         panel.clear(clear_chat, session, cleared, cancels=turns, api_name=False)
     inspect_inputs = [inspect_prompt, model_name, inspect_tier_name, *inspect_advanced, layer, head, which]
-    inspect_outputs = [heatmap, spectrum, channel_spectrum, layer_errors, var_ratio, inspect_summary]
+    inspect_outputs = [heatmap, spectrum, channel_spectrum, layer_errors, var_ratio, layer_tiers, inspect_summary]
     inspect_button.click(inspect_kv, inspect_inputs, inspect_outputs, api_name="inspect")
     for slider in (layer, head):
         slider.release(inspect_kv, inspect_inputs, inspect_outputs, api_name=False)

@@ -6,6 +6,7 @@
     loaded.model.generate(input_ids, cache=cache, max_new_tokens=64)
     print(cache.footprint().ratio)                          # archive bytes / bf16 cache bytes
     cache = make_cache(loaded, "pca-8x")                    # PCA tiers: calibrated once per model, cached on disk
+    cache = make_cache(loaded, "turbo-4", per_layer={1: "int8"})   # a tier per layer (codeckv/schedule.py)
     cache.save("chat.kvc", token_ids, loaded)               # a versioned safetensors file (codeckv/saved.py)
     saved = load_cache("chat.kvc", loaded)                  # .cache goes on where it was saved, .token_ids
 

@@ -1,4 +1,4 @@
-"""Command line: codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size ... (or python -m codeckv)
+"""Command line: codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size|allocate (python -m codeckv)
 
 Tables on stdout, progress bars on stderr; CSV, JSON and HTML files under out/ unless --out / --charts
 say where (the README's commands that regenerate the committed CSVs pass --out assets/...).
@@ -110,6 +110,47 @@ def _quality(args: argparse.Namespace) -> None:
     charts = Path(args.charts or f"out/quality-{name}{suffix}")
     paths = _write_figures(lambda figures: figures.quality_figures(run), charts)
     print(f"wrote {write_csv(rows, out)}, " + ", ".join(str(p) for p in paths))
+
+
+def _allocate(args: argparse.Namespace) -> None:
+    from codeckv.measure.allocation import allocate, compare_allocation, fisher_sensitivity, layer_sensitivity
+    from codeckv.measure.quality import as_dicts
+    from codeckv.measure.table import format_table, write_csv
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    loaded = _load(args)
+    start = time.perf_counter()
+    if args.method == "lockstep":
+        bar, progress = _bar("sensitivity")
+        sensitivity = layer_sensitivity(loaded, args.ladder, args.windows, args.length, progress)
+        bar.close()
+    else:
+        sensitivity = fisher_sensitivity(loaded, args.ladder, args.windows, args.length)
+    plan = allocate(sensitivity, args.budget)
+    print(f"{args.method} sensitivity of each of {len(sensitivity.layers)} layers under each of "
+          f"{', '.join(t.name for t in sensitivity.ladder)}, {args.windows} x {args.length} corpus tokens, "
+          f"{time.perf_counter() - start:.0f} s")
+    rows = plan.rows(sensitivity)
+    print(format_table(rows))
+    print(f"plan: {plan.text}\nmean steady-state ratio {plan.cost:.4f} (budget {args.budget}: {plan.budget_cost:.4f}); "
+          f"predicted (sum of layers alone) {plan.predicted:.4g} vs {plan.budget_predicted:.4g} uniform")
+    out = Path(args.out or f"out/allocate-{loaded.info.name.replace('/', '_')}-{args.budget}")
+    paths = [write_csv(sensitivity.rows(), out / "sensitivity.csv"), write_csv(rows, out / "allocation.csv")]
+    bar, progress = _bar("compare")
+    compared = as_dicts(compare_allocation(loaded, plan, args.eval_windows, args.eval_length, progress))
+    bar.close()
+    for row in compared:
+        row["tier"] = "allocated" if row["tier"] == plan.tier.name else row["tier"]
+    columns = ["source", "tier", "ratio_vs_bf16", "steady_state_ratio", "kld", "kld_se", "top1_pct", "top1_se",
+               "delta_nll_pct", "delta_nll_se"]
+    print(format_table(compared, columns))
+    for row in compared:
+        row["schedule"] = plan.text if row["tier"] == "allocated" else ""
+    paths.append(write_csv(compared, out / "comparison.csv"))
+    print("wrote " + ", ".join(map(str, paths)))
 
 
 def _prompt(args: argparse.Namespace, loaded, default_context: int = 0):
@@ -464,6 +505,22 @@ def _parser() -> argparse.ArgumentParser:
     latency.add_argument("--out", help="CSV path (default out/latency-<model>.csv, with --contexts "
                                        "out/latency-codes-<model>.csv)")
     latency.set_defaults(usage=_latency_usage)
+
+    allocate = command("allocate", _allocate, "per-layer tiers under a budget from each layer's measured "
+                       "sensitivity, then the plan against the uniform budget tier on corpus and docstrings")
+    allocate.add_argument("--budget", default="turbo-4", type=_tier_name, help="the budget tier (default turbo-4)")
+    allocate.add_argument("--ladder", nargs="+", type=_tier_name, default=["turbo-3", "turbo-4", "int8"],
+                          help="tiers a layer may get (default turbo-3 turbo-4 int8)")
+    allocate.add_argument("--method", choices=["fisher", "lockstep"], default="fisher",
+                          help="fisher: (g . error)^2 from one forward + backward of the calibration windows (default);"
+                               " lockstep: the KLD of each layer compressed alone (one cache per layer and tier)")
+    allocate.add_argument("--windows", type=_positive, default=4, help="corpus windows to measure on (default 4)")
+    allocate.add_argument("--length", type=_positive, default=256, help="tokens per window (default 256)")
+    allocate.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
+    allocate.add_argument("--eval-windows", type=_positive, default=4, help="windows of the comparison (default 4)")
+    allocate.add_argument("--eval-length", type=_positive, default=512, help="tokens per comparison window (512)")
+    allocate.add_argument("--out", help="folder for sensitivity.csv, allocation.csv, comparison.csv "
+                                        "(default out/allocate-<model>-<budget>)")
 
     saved = command("saved-size", _saved_size, "per tier: bytes at rest, view rebuild time, saved file vs archive")
     saved.add_argument("--context", type=_positive, default=2048, help="prefilled corpus tokens (default 2048)")

@@ -9,6 +9,8 @@ One codec layer (codeckv/layers.py) per full-attention layer; sliding-window, li
 other layers keep their native transformers layer (hybrid models such as Gemma 3). A PCA tier's layers
 (codeckv/pca_layer.py) each take their layer's coder from a Calibration (codeckv/calibration.py).
 
+`make_cache(config, "turbo-4", per_layer={0: "int8"})` gives layers their own tiers (codeckv/schedule.py).
+
 Attention reads the stored codes by default (`materialization_free=None`: CodedLayer, no decoded view;
 codeckv.attention, where models from `codeckv.load_model` are already routed), so the cache holds its
 archive and a few raw tokens, not a full-precision copy. A tier whose codes no kernel reads (png's
@@ -39,6 +41,7 @@ from codeckv.kernel_ops import layout_of
 from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
+from codeckv.schedule import layer_tiers, schedule
 from codeckv.tiers import Tier, as_tier
 
 CODES, VIEW = "on the stored codes", "on a decoded view"  # CodecCache.attention
@@ -53,8 +56,12 @@ class CodecCache(Cache):
 
     @property
     def attention(self) -> str:
-        """Where attention reads this cache's archived tokens: CODES (no decoded view) or VIEW."""
-        return CODES if any(isinstance(layer, CodedLayer) for layer in self.layers) else VIEW
+        """Where attention reads this cache's archived tokens: CODES (no decoded view), VIEW, or both (a schedule)."""
+        codec = [layer for layer in self.layers if isinstance(layer, CodecLayer)]
+        coded = [layer for layer in codec if isinstance(layer, CodedLayer)]
+        if not coded or len(coded) == len(codec):
+            return CODES if coded else VIEW
+        return f"{CODES} in {len(coded)} of {len(codec)} layers, {VIEW} in the others"
 
     @classmethod
     def from_config(
@@ -66,7 +73,8 @@ class CodecCache(Cache):
         materialization_free: True = CodedLayer (attention on the stored codes, no decoded view), False =
         CodecLayer (a decoded view), None = the codes wherever the tier allows (view_reason) and the model
         attends through codeckv.attention (load_model does that; else use_codec_attention(model)), else the view.
-        calibration: the model's Calibration for a PCA tier (codeckv.calibration.calibration_for), required there.
+        calibration: the model's Calibration for a PCA tier (codeckv.calibration.calibration_for), required there
+        (a list of them for a per-layer schedule mixing PCA tiers: codeckv/schedule.py).
         """
         tier = _tier(tier, overrides)
         if materialization_free is None and not _attends_on_codes(config):
@@ -74,7 +82,7 @@ class CodecCache(Cache):
         layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
         new_layer = _codec_layer(tier, materialization_free, calibration, layer_types)
         layers = [
-            new_layer(index) if kind == "full_attention" and not tier.is_native
+            new_layer(index) if kind == "full_attention" and not tier.tier_at(index).is_native
             else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs)
             for index, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs))
         ]
@@ -96,11 +104,11 @@ class CodecCache(Cache):
         tier = _tier(tier, overrides)
         if tier.is_native:
             raise ValueError(f"tier '{tier.name}' is native: keep the cache itself (allowed: a tier that encodes)")
-        full = ["full_attention" if type(layer) is DynamicLayer else "other" for layer in cache.layers]
+        full = ["full_attention" if type(layer) is DynamicLayer else type(layer).__name__ for layer in cache.layers]
         new_layer = _codec_layer(tier, materialization_free, calibration, full)
         layers = []
         for index, layer in enumerate(cache.layers):
-            if type(layer) is not DynamicLayer:
+            if type(layer) is not DynamicLayer or tier.tier_at(index).is_native:
                 layers.append(copy.deepcopy(layer))
                 continue
             converted = new_layer(index)
@@ -178,6 +186,13 @@ def view_reason(tier: Tier | str) -> str | None:
     tier = as_tier(tier)
     if tier.is_native:
         return "a native cache holds its tokens as they are"
+    for index, layer_tier in tier.per_layer:
+        why = view_reason(layer_tier) if not layer_tier.is_native else None
+        if why is not None:
+            return f"layer {index} ({layer_tier.name}): {why}"
+    tier = dataclasses.replace(tier, per_layer=())  # the tier of the other layers
+    if tier.is_native:
+        return None
     if tier.joint is not None:
         return "keys and values are coded together in entropy-coded chunks, which no attention kernel reads"
     for side, codec in (("key", tier.key), ("value", tier.value)):
@@ -187,9 +202,36 @@ def view_reason(tier: Tier | str) -> str | None:
     return None
 
 
-def _codec_layer(tier: Tier, materialization_free: bool | None, calibration: Calibration | None,
-                 layer_types: list[str]):
-    """A function: layer index -> a new codec layer of `tier`, after checking that the tier can be built."""
+def _codec_layer(tier: Tier, materialization_free: bool | None, calibration, layer_types: list[str]):
+    """A function: layer index -> a new codec layer of that layer's tier, after checking that every one can be built.
+
+    tier: a plain tier, or a per-layer schedule (checked against the model's layers: codeckv/schedule.py).
+    """
+    plain = {t for t in layer_tiers(tier, layer_types) if t is not None and not t.is_native}
+    pca = [t for t in plain if t.joint is not None]
+    if isinstance(calibration, Calibration) and len(pca) == 1:
+        calibrations = {pca[0].joint: calibration}  # one PCA tier: the calibration given is its own
+    else:
+        calibrations = _by_spec(calibration)
+    builders = {t: _plain_codec_layer(t, materialization_free, calibrations.get(t.joint), layer_types)
+                for t in plain}
+    return lambda index: builders[tier.tier_at(index)](index)
+
+
+def _by_spec(calibration) -> dict:
+    """{JointPCA spec: Calibration} of a Calibration, a list of them (one per PCA tier of a schedule), or None."""
+    if calibration is None:
+        return {}
+    calibrations = calibration if isinstance(calibration, list | tuple) else [calibration]
+    for c in calibrations:
+        if not isinstance(c, Calibration):
+            raise ValueError(f"calibration={c!r} is not a Calibration (allowed: codeckv.calibration.calibration_for)")
+    return {c.spec: c for c in calibrations}
+
+
+def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibration: Calibration | None,
+                       layer_types: list[str]):
+    """A function: layer index -> a new codec layer of the plain `tier`, after checking that it can be built."""
     if materialization_free is None:
         materialization_free = view_reason(tier) is None
     if tier.joint is None:
@@ -210,7 +252,7 @@ def _codec_layer(tier: Tier, materialization_free: bool | None, calibration: Cal
 
 def make_cache(source, tier: Tier | str, materialization_free: bool | None = None,
                calibration: Calibration | None = None, attention_mask: torch.Tensor | None = None,
-               **overrides) -> Cache:
+               per_layer: dict | None = None, **overrides) -> Cache:
     """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache.
 
     materialization_free: None (default) = attention on the stored codes wherever the tier allows
@@ -219,8 +261,11 @@ def make_cache(source, tier: Tier | str, materialization_free: bool | None = Non
     source: a model config, or a LoadedModel (codeckv.load_model), from which a PCA tier's calibration is
     loaded or computed when none is given (codeckv.calibration.calibration_for).
     attention_mask: the (B, T) mask of a left-padded batch, so that codecs leave the pad tokens out.
+    per_layer: {layer index: tier or preset name} overriding `tier` on those layers (codeckv/schedule.py).
     """
     tier = as_tier(tier)
+    if per_layer:
+        tier = schedule(tier, per_layer)
     config = source.model.config if isinstance(source, LoadedModel) else source
     if tier.is_native:
         return DynamicCache(config=config)
@@ -281,6 +326,9 @@ def steady_state_ratio(tier: Tier | str, head_dim: int, dtype: torch.dtype = tor
     tier = as_tier(tier)
     if tier.is_native:
         return 1.0
+    if tier.per_layer:
+        raise ValueError(f"tier '{tier.name}' is a per-layer schedule: its ratio depends on the model's layers, read "
+                         "Footprint.steady_state_ratio of a real cache (allowed: a plain tier)")
     if tier.joint is not None:
         raise ValueError(f"tier '{tier.name}' stores entropy-coded, calibrated codes: its ratio depends on the model "
                          "and the text, read Footprint.steady_state_ratio of a real cache (allowed: a per-tensor tier)")

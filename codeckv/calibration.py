@@ -38,6 +38,7 @@ from codeckv.codecs.ans import EntropyTable
 from codeckv.codecs.pca import JointPCA, LayerCoder, ecsq
 from codeckv.corpus import corpus_text
 from codeckv.rope import Rope
+from codeckv.schedule import tiers_used
 from codeckv.tiers import Tier, as_tier
 
 VERSION = 1  # bump when the calibration recipe or the saved format changes: old files are then ignored
@@ -95,12 +96,15 @@ def calibration_path(model: str, spec: JointPCA) -> Path:
 _LOADED: dict[Path, Calibration] = {}  # calibrations already read in this process
 
 
-def calibration_for(loaded, tier: Tier | str, compute: bool = True) -> Calibration | None:
+def calibration_for(loaded, tier: Tier | str, compute: bool = True) -> Calibration | list[Calibration] | None:
     """The calibration `tier` needs on a LoadedModel (None when it needs none): from memory, from disk, or computed.
 
     A computed calibration is saved under calibration_dir(); compute=False raises ValueError instead.
+    A per-layer schedule (codeckv/schedule.py) gets the list of its PCA tiers' calibrations (None if it has none).
     """
     tier = as_tier(tier)
+    if tier.per_layer:
+        return [calibration_for(loaded, t, compute) for t in tiers_used(tier) if t.joint is not None] or None
     if tier.joint is None:
         return None
     path = calibration_path(loaded.info.name, tier.joint)

@@ -51,12 +51,13 @@ def sweep_figures(result: Sweep) -> dict[str, go.Figure]:
 
 
 def inspect_figures(view: Inspection) -> dict[str, go.Figure]:
-    """K and V heatmaps of the chosen (layer, head), the DCT and channel spectra, per-layer errors and smoothness."""
+    """K and V heatmaps of one (layer, head), the DCT and channel spectra, per-layer errors, tiers, smoothness."""
     return {
         "heatmap_key": plots.kv_heatmap_figure(view.head, "key", view.tokens),
         "heatmap_value": plots.kv_heatmap_figure(view.head, "value", view.tokens),
         "spectrum": plots.spectrum_figure(view.spectrum),
         "channel_spectrum": plots.channel_spectrum_figure(view.channels),
         "layer_errors": plots.layer_error_figure(view.layers),
+        "layer_tiers": plots.layer_tier_figure(view.layers),
         "var_ratio": plots.var_ratio_figure(view.layers),
     }

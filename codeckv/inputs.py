@@ -3,7 +3,8 @@
     text = user_text(message)                                  # a real text: not empty, valid Unicode, bounded
     n = whole(value, "max new tokens", 1, 256)                 # a whole number in range: no silent truncation
     tier = tier_from_knobs("turbo-4", False, 8, 0, "4", ...)  # a preset, or a custom tier from the Advanced knobs
-    fits_model(tier, loaded.info)                              # its codecs and windows fit this model
+    tier = tier_from_knobs(..., per_layer="0-3:int8")          # ... with its own tier on some layers (schedule.py)
+    fits_model(tier, loaded.info)                              # its codecs, windows and layers fit this model
     text = read_text_file("notes.md"); text = document_text("Python reference: the try statement (≈2.0k tokens)")
     path = saved_cache_file(upload, max_bytes)                 # an uploaded .kvc cache file, bounded (codeckv/saved.py)
 
@@ -23,6 +24,7 @@ from codeckv.codecs.dct import MAX_BLOCK
 from codeckv.layers import MIN_ARCHIVE_TOKENS, CodecLayer
 from codeckv.limits import Limits
 from codeckv.models import ModelInfo
+from codeckv.schedule import check_layers, parse_layers, schedule, tiers_used
 from codeckv.tiers import TIERS, Tier, custom_tier, get_tier
 
 MAX_GROUP = 256  # quantization group (channels or tokens)
@@ -88,8 +90,20 @@ def tier_names(values, name: str = "tiers", allow_native: bool = True) -> list[s
     return names
 
 
-def tier_from_knobs(name, custom, block_size, k, bits, value_bits, group, rotation, keep_first, keep_recent) -> Tier:
-    """The chosen preset, or a custom tier from the Advanced knobs, every knob checked with its allowed values."""
+def tier_from_knobs(name, custom, block_size, k, bits, value_bits, group, rotation, keep_first, keep_recent,
+                    per_layer: str = "") -> Tier:
+    """The chosen preset, or a custom tier from the Advanced knobs, every knob checked with its allowed values.
+
+    per_layer: the Advanced panel's per-layer text ("0-3:int8, 29:turbo-3", bounded): those layers get those preset
+    tiers, the others the chosen one (codeckv/schedule.py); fits_model checks the layers against the model.
+    """
+    overrides = parse_layers(per_layer if per_layer is not None else "")
+    return schedule(_knob_tier(name, custom, block_size, k, bits, value_bits, group, rotation, keep_first,
+                               keep_recent), overrides)
+
+
+def _knob_tier(name, custom, block_size, k, bits, value_bits, group, rotation, keep_first, keep_recent) -> Tier:
+    """The chosen preset, or the custom tier of the Advanced knobs."""
     if not custom:
         return get_tier(one_of(name, "tier", TIERS))
     block_size = whole(block_size, "DCT block size", 1, MAX_BLOCK)
@@ -110,7 +124,13 @@ def tier_from_knobs(name, custom, block_size, k, bits, value_bits, group, rotati
 
 
 def fits_model(tier: Tier, info: ModelInfo) -> Tier:
-    """`tier` if its codecs encode this model's heads and its raw windows leave something to archive."""
+    """`tier` if its codecs encode this model's heads, its raw windows leave something to archive and, for a
+    per-layer schedule, every layer it names is one of this model's full-attention layers."""
+    if tier.per_layer:
+        check_layers(tier, info.layer_types)
+        for plain in tiers_used(tier):
+            fits_model(plain, info)
+        return tier
     if tier.is_native:
         return tier
     unit = MIN_ARCHIVE_TOKENS if tier.joint else CodecLayer(tier).unit

@@ -76,6 +76,7 @@ class CodecLayer(DynamicLayer):
 
     is_compileable = False
     is_croppable = True
+    variable_length: tuple[str, ...] = ()  # names of export_state tensors whose length differs across layers
 
     def __init__(self, tier: Tier) -> None:
         super().__init__()

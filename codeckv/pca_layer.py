@@ -28,6 +28,8 @@ from codeckv.tiers import Tier
 class PCALayer(CodecLayer):
     """One full-attention layer of a PCA tier (module docstring); flush_layers hands it its own flush."""
 
+    variable_length = ("streams",)  # entropy-coded bytes: concatenated over layers in a file (codeckv/saved.py)
+
     def __init__(self, tier: Tier, coder: LayerCoder) -> None:
         DynamicLayer.__init__(self)
         if tier.joint is None:

@@ -384,3 +384,22 @@ def memory_figure(rows: Sequence, field: str = "held_bytes", title: str = "Held 
     fig.update_yaxes(type="log", dtick=1)
     fig.update_xaxes(type="log", tickvals=sorted({r["context"] for p in series.values() for r in p}))
     return themed(fig, title, "prompt tokens", "MiB")
+
+
+def layer_tier_figure(layers: Sequence[LayerError]) -> go.Figure:
+    """The tier of every layer (a schedule's allocation) and the bytes it stores vs bf16, one color per tier."""
+    fig = go.Figure()
+    names = list(dict.fromkeys(e.tier for e in layers if e.codec))
+    for position, name in enumerate(names):
+        chosen = [e for e in layers if e.codec and e.tier == name]
+        fig.add_trace(go.Bar(
+            x=[e.layer for e in chosen], y=[e.ratio_vs_bf16 for e in chosen], name=name,
+            marker_color=CODEC_COLORS[position % len(CODEC_COLORS)], customdata=[name] * len(chosen),
+            hovertemplate="layer %{x}: %{customdata}<br>%{y:.3f} of bf16<extra></extra>",
+        ))
+    native = [e.layer for e in layers if not e.codec]
+    if native:
+        fig.add_trace(go.Scatter(x=native, y=[0] * len(native), mode="markers", name="native (not coded)",
+                                 marker=dict(color=NATIVE_COLOR, symbol="line-ew-open", size=14)))
+    fig.update_layout(bargap=0.15)  # the legend (one entry per tier) stays on the right, clear of the axis titles
+    return themed(fig, "Tier per layer: bytes stored vs bf16", "layer", "stored / bf16")

@@ -4,14 +4,17 @@
     saved = load_cache("chat.kvc", loaded)          # SavedCache: .cache (a CodecCache at rest), .token_ids, .header
     loaded.model(next_ids, cache=saved.cache)       # goes on exactly as the cache that was saved would have
 
-Format "codeckv-cache", version 1. The safetensors metadata holds one key, "codeckv", a JSON object:
+Format "codeckv-cache", version 2 (version 1, without per-layer schedules, still loads). The safetensors
+metadata holds one key, "codeckv", a JSON object:
 
-    format, version       "codeckv-cache", 1
+    format, version       "codeckv-cache", 2
     tier                  the tier as data, enough to rebuild it exactly (presets, custom_tier, keep_first /
                           keep_recent overrides): name, description, keep_first, keep_recent, max_rel_error
                           (null = unbounded), key and value codecs as {"codec": class name, field: value, ...}
-                          (a wrapped codec nested in its field), or joint (the JointPCA fields)
-    materialization_free  the mode the cache ran in (attention on the codes, or a decoded view)
+                          (a wrapped codec nested in its field), or joint (the JointPCA fields), and per_layer:
+                          [[layer index, tier], ...], the per-layer schedule (codeckv/schedule.py; [] = none)
+    materialization_free  the mode the cache ran in: true (attention on the codes), false (a decoded view), or
+                          null (a schedule whose layers differ: the codes wherever the layer's tier allows)
     model                 name (null when not given), geometry (per layer: "codec" or "sliding" and its window;
                           KV heads, head_dim, dtype), calibration (PCA tiers: sha256 of every layer's coder; else null)
     tokens, batch         tokens every layer holds; rows of the batch
@@ -24,7 +27,9 @@ Format "codeckv-cache", version 1. The safetensors metadata holds one key, "code
 Tensors: "token_ids" (B, T) int32, and per layer kind each tensor a layer exports (CodecLayer.export_state: the
 raw sinks and tail, the archive's code tensors or PCA streams; a sliding layer: its window's keys and values)
 stacked over the layers of that kind on a new first axis, as "codec.<name>" / "sliding.<name>" (a 1-D
-variable-length one, concatenated). So a file is the cache's held bytes at rest (archive + raw tokens) plus the
+variable-length one, concatenated). The codec layers of a schedule are stacked per tier, in the order the
+tiers first appear in the model's layers: "codec.<name>" for the first, "codec1.<name>", "codec2.<name>", ...
+So a file is the cache's held bytes at rest (archive + raw tokens) plus the
 token ids and a header of a few KiB (`python -m codeckv saved-size` measures it per tier).
 
 Loading checks everything it can before it reads a tensor: the file size (max_bytes), the safetensors header
@@ -55,10 +60,12 @@ from codeckv.codecs.pca import SINK_CODEC, JointPCA
 from codeckv.layers import CodecLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
+from codeckv.schedule import tiers_used
 from codeckv.tiers import Tier
 
 FORMAT = "codeckv-cache"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no per-layer schedules
 MAX_FILE_BYTES = 512 << 20  # load_cache's default cap: an 8k-token lossless (png) cache of smollm2-135m fits
 MAX_HEADER_BYTES = 8 << 20  # the safetensors JSON header (the Chat's conversation text included)
 CODECS = {cls.__name__: cls for cls in (Cast, DCT, Delta, GroupQuant, LloydMaxQuant, Rotation)}
@@ -121,6 +128,7 @@ def tier_spec(tier: Tier) -> dict:
         "max_rel_error": None if math.isinf(tier.max_rel_error) else tier.max_rel_error,
         "key": codec_spec(tier.key), "value": codec_spec(tier.value),
         "joint": dataclasses.asdict(tier.joint) if tier.joint is not None else None,
+        "per_layer": [[index, tier_spec(layer_tier)] for index, layer_tier in tier.per_layer],
     }
     if tier_from_spec(json.loads(json.dumps(spec))) != tier:
         raise SavedCacheError(f"tier '{tier.name}' cannot be rebuilt from data exactly, so it cannot be saved "
@@ -131,9 +139,12 @@ def tier_spec(tier: Tier) -> dict:
 def tier_from_spec(spec) -> Tier:
     """The tier tier_spec described."""
     keys = {"name", "description", "keep_first", "keep_recent", "max_rel_error", "key", "value", "joint"}
-    if not isinstance(spec, dict) or set(spec) != keys:
-        raise SavedCacheError(f"the tier in the header is not a tier of this format (allowed keys: {sorted(keys)})")
-    joint = spec["joint"]
+    if not isinstance(spec, dict) or set(spec) - {"per_layer"} != keys:
+        raise SavedCacheError(f"the tier in the header is not a tier of this format (allowed keys: "
+                              f"{sorted(keys | {'per_layer'})})")
+    joint, per_layer = spec["joint"], spec.get("per_layer", [])
+    if not isinstance(per_layer, list) or not all(isinstance(e, list) and len(e) == 2 for e in per_layer):
+        raise SavedCacheError("the tier's per_layer in the header is not a list of [layer index, tier] pairs")
     try:
         if joint is not None:
             joint = JointPCA(**joint) if isinstance(joint, dict) else None
@@ -142,7 +153,8 @@ def tier_from_spec(spec) -> Tier:
         bound = math.inf if spec["max_rel_error"] is None else spec["max_rel_error"]
         return Tier(spec["name"], spec["description"], key=codec_from_spec(spec["key"]),
                     value=codec_from_spec(spec["value"]), keep_first=spec["keep_first"],
-                    keep_recent=spec["keep_recent"], max_rel_error=bound, joint=joint)
+                    keep_recent=spec["keep_recent"], max_rel_error=bound, joint=joint,
+                    per_layer=tuple((index, tier_from_spec(layer)) for index, layer in per_layer))
     except (TypeError, ValueError) as err:
         raise SavedCacheError(f"the tier in the header cannot be rebuilt: {err}") from None
 
@@ -190,6 +202,27 @@ def cache_geometry(cache) -> dict:
             "dtype": str(raw.sink_keys.dtype).removeprefix("torch.")}
 
 
+def tensor_groups(cache) -> list[str]:
+    """Per layer, the group its tensors are stacked in: "sliding", or "codec", "codec1", ... by the layer's tier."""
+    tiers: list = []
+    groups = []
+    for layer in cache.layers:
+        if not isinstance(layer, CodecLayer):
+            groups.append("sliding")
+            continue
+        if layer.tier not in tiers:
+            tiers.append(layer.tier)
+        position = tiers.index(layer.tier)
+        groups.append(f"codec{position or ''}")
+    return groups
+
+
+def _mode(cache) -> bool | None:
+    """True when every codec layer attends on its codes, False when none does, None for a mix (a schedule)."""
+    coded = {type(layer).__name__ == "CodedLayer" for layer in cache.layers if isinstance(layer, CodecLayer)}
+    return coded.pop() if len(coded) == 1 else None
+
+
 def calibration_digest(coders: list) -> str:
     """sha256 of the layer coders of a PCA cache (basis, mean, step, entropy tables), in layer order."""
     digest = hashlib.sha256()
@@ -232,10 +265,11 @@ def save_cache(cache, path: str | Path, token_ids, model=None, extra=None) -> in
     if model is not None and model_geometry(model, cache) != geometry:
         raise SavedCacheError(f"this cache does not belong to {name or 'the given model'}: its geometry is "
                               f"{geometry}, the model's {model_geometry(model, cache)}")
-    layers, grouped = [], {"codec": {}, "sliding": {}}
-    for index, layer in enumerate(cache.layers):
+    layers, groups = [], tensor_groups(cache)
+    grouped, variable = {group: {} for group in groups}, set()
+    for index, (layer, group) in enumerate(zip(cache.layers, groups)):
         if isinstance(layer, CodecLayer):
-            if layer.tier != cache.tier:
+            if layer.tier != cache.tier.tier_at(index):
                 raise SavedCacheError(f"layer {index} was set up for a left-padded batch, which this format cannot "
                                       "save (allowed: rows without padding)")
             tensors, counts = layer.export_state()
@@ -252,23 +286,24 @@ def save_cache(cache, path: str | Path, token_ids, model=None, extra=None) -> in
                                   "(allowed: the ids of exactly the tokens the cache holds)")
         layers.append({"kind": kind, **counts})
         for key, tensor in tensors.items():
-            grouped[kind].setdefault(key, []).append(tensor.detach().cpu())
+            grouped[group].setdefault(key, []).append(tensor.detach().cpu())
+        variable.update(f"{group}.{key}" for key in getattr(layer, "variable_length", ()))
     tensors, splits = {"token_ids": ids.to(torch.int32).cpu().contiguous()}, {}
-    for kind, named in grouped.items():
+    for group, named in grouped.items():
         for key, parts in named.items():
-            if len(parts) != sum(layer["kind"] == kind for layer in layers):
-                raise SavedCacheError(f"'{key}' is held by some {kind} layers only: the layers disagree")
-            if all(p.shape == parts[0].shape for p in parts):
-                tensors[f"{kind}.{key}"] = torch.stack(parts).contiguous()
+            if len(parts) != groups.count(group):
+                raise SavedCacheError(f"'{key}' is held by some {group} layers only: the layers disagree")
+            if f"{group}.{key}" not in variable and all(p.shape == parts[0].shape for p in parts):
+                tensors[f"{group}.{key}"] = torch.stack(parts).contiguous()
             elif all(p.dim() == 1 for p in parts):
-                tensors[f"{kind}.{key}"] = torch.cat(parts).contiguous()
-                splits[f"{kind}.{key}"] = [p.numel() for p in parts]
+                tensors[f"{group}.{key}"] = torch.cat(parts).contiguous()
+                splits[f"{group}.{key}"] = [p.numel() for p in parts]
             else:
-                raise SavedCacheError(f"'{key}' has different shapes across {kind} layers: the layers disagree")
+                raise SavedCacheError(f"'{key}' has different shapes across {group} layers: the layers disagree")
     pca = [layer.coder for layer in cache.layers if isinstance(layer, PCALayer)]
     header = {
         "format": FORMAT, "version": VERSION, "tier": tier_spec(cache.tier),
-        "materialization_free": any(type(layer).__name__ == "CodedLayer" for layer in cache.layers),
+        "materialization_free": _mode(cache),
         "model": {"name": name, "geometry": geometry, "calibration": calibration_digest(pca) if pca else None},
         "tokens": ids.shape[1], "batch": ids.shape[0], "layers": layers, "splits": splits,
         "sha256": _tensors_digest(tensors), "extra": extra,
@@ -322,9 +357,9 @@ def read_header(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[dict
                               "the file is truncated or has extra bytes")
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise SavedCacheError(f"{path.name} is not a {FORMAT} file (format {header.get('format')!r})")
-    if header.get("version") != VERSION:
+    if header.get("version") not in READABLE_VERSIONS:
         raise SavedCacheError(f"{path.name} is {FORMAT} version {header.get('version')!r}, which this codeckv "
-                              f"cannot read (allowed: {VERSION})")
+                              f"cannot read (allowed: {', '.join(map(str, READABLE_VERSIONS))})")
     return header, shapes
 
 
@@ -362,8 +397,11 @@ def load_cache(path: str | Path, source, max_bytes: int = MAX_FILE_BYTES, materi
         raise SavedCacheError("the header's tier is native (allowed: a tier that encodes)")
     if saved_name and name and saved_name != name:
         raise SavedCacheError(f"this cache was saved from {saved_name}, not {name} (allowed: the same model)")
-    mode = bool(mode) if materialization_free is None else bool(materialization_free)
-    if tier.joint is not None and calibration is None:
+    if materialization_free is not None:
+        mode = bool(materialization_free)
+    elif mode is not None:
+        mode = bool(mode)
+    if any(t.joint is not None for t in tiers_used(tier)) and calibration is None:
         if not isinstance(source, LoadedModel):
             raise SavedCacheError(f"tier '{tier.name}' needs the model's calibration: pass a LoadedModel or "
                                   "calibration=")
@@ -379,8 +417,9 @@ def load_cache(path: str | Path, source, max_bytes: int = MAX_FILE_BYTES, materi
     if pca and saved_model.get("calibration") != calibration_digest(pca):
         raise SavedCacheError(f"tier '{tier.name}' was calibrated differently where this cache was saved "
                               "(allowed: a file saved with the same calibration of the same model)")
-    counts = _checked_counts(cache, layers, tokens)
-    expected = _expected(cache, counts, batch, tokens, geometry, model.dtype)
+    groups = tensor_groups(cache)
+    counts = _checked_counts(cache, layers, tokens, groups)
+    expected = _expected(cache, counts, groups, batch, tokens, geometry, model.dtype)
     _check_tensors(expected, shapes, splits)
     tensors = _read(path, sorted(expected))
     if _tensors_digest(tensors) != header.get("sha256"):
@@ -389,7 +428,7 @@ def load_cache(path: str | Path, source, max_bytes: int = MAX_FILE_BYTES, materi
     vocab = model.config.get_text_config(decoder=True).vocab_size
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise SavedCacheError(f"the saved token ids are outside this model's vocabulary (allowed: 0..{vocab - 1})")
-    _fill(cache, counts, tensors, splits, model.device)
+    _fill(cache, counts, groups, tensors, splits, model.device)
     return SavedCache(cache, ids, header)
 
 
@@ -397,7 +436,7 @@ def _count(value, least: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def _checked_counts(cache, layers: list, tokens: int) -> list[dict]:
+def _checked_counts(cache, layers: list, tokens: int, groups: list[str]) -> list[dict]:
     """The header's per-layer counts, checked against the tier's archiving rules (what a real cache can hold)."""
     if len(layers) != len(cache.layers):
         raise SavedCacheError(f"the header describes {len(layers)} layers, the model has {len(cache.layers)}")
@@ -420,18 +459,32 @@ def _checked_counts(cache, layers: list, tokens: int) -> list[dict]:
             raise SavedCacheError(f"layer {index}: counts {counts} are not what a {tokens}-token cache of this tier "
                                   "holds (the file is corrupted)")
         checked.append(entry)
-    if len({json.dumps(c, sort_keys=True) for c in checked if c["kind"] == "codec"}) > 1:
-        raise SavedCacheError("the codec layers' counts disagree (the file is corrupted)")
+    for group in set(groups) - {"sliding"}:
+        if len({json.dumps(c, sort_keys=True) for c, g in zip(checked, groups) if g == group}) > 1:
+            raise SavedCacheError("the counts of codec layers of one tier disagree (the file is corrupted)")
     return checked
 
 
-def _expected(cache, counts: list[dict], batch: int, tokens: int, geometry: dict, dtype) -> dict:
-    """{tensor name: (dtype, shape)} the file must hold, from the tier, the counts and the model's geometry."""
+def _expected(cache, counts: list[dict], groups: list[str], batch: int, tokens: int, geometry: dict, dtype) -> dict:
+    """{tensor name: (dtype, shape)} the file must hold, from the tiers, the counts and the model's geometry."""
     b, h, d = batch, geometry["kv_heads"], geometry["head_dim"]
     expected = {"token_ids": (torch.int32, (b, tokens))}
-    codec = [(layer, c) for layer, c in zip(cache.layers, counts) if c["kind"] == "codec"]
     sliding = [layer for layer, c in zip(cache.layers, counts) if c["kind"] == "sliding"]
-    layer, c = codec[0]
+    for group in dict.fromkeys(g for g in groups if g != "sliding"):
+        members = [(layer, c) for layer, c, g in zip(cache.layers, counts, groups) if g == group]
+        for name, (kind_dtype, shape) in _expected_per_layer(*members[0], b, h, d, dtype).items():
+            expected[f"{group}.{name}"] = (kind_dtype, len(members) if shape is None else (len(members), *shape))
+    if sliding:
+        window = min(tokens, sliding[0].sliding_window - 1)
+        for name in ("keys", "values"):
+            expected[f"sliding.{name}"] = (dtype, (len(sliding), b, h, window, d))
+        if any(layer.sliding_window != sliding[0].sliding_window for layer in sliding):
+            raise SavedCacheError("this model's sliding layers have different windows, which this format cannot load")
+    return expected
+
+
+def _expected_per_layer(layer, c: dict, b: int, h: int, d: int, dtype) -> dict:
+    """{tensor name: (dtype, shape)} one codec layer of this tier exports holding the tokens its counts `c` say."""
     length, upto, keep_first = c["length"], c["archived_upto"], layer.tier.keep_first
     sinks, tail = (dtype, (b, h, min(length, keep_first), d)), (dtype, (b, h, length - min(upto, length), d))
     per_layer = {"sink_keys": sinks, "sink_values": sinks, "tail_keys": tail, "tail_values": tail}
@@ -452,15 +505,7 @@ def _expected(cache, counts: list[dict], batch: int, tokens: int, geometry: dict
             for name, t in probe.data.items():
                 shape = (*t.shape[:2], t.shape[2] * archived // layer.unit, *t.shape[3:])
                 per_layer[f"{side}.{name}"] = (t.dtype, shape)
-    for name, (kind_dtype, shape) in per_layer.items():
-        expected[f"codec.{name}"] = (kind_dtype, len(codec) if shape is None else (len(codec), *shape))
-    if sliding:
-        window = min(tokens, sliding[0].sliding_window - 1)
-        for name in ("keys", "values"):
-            expected[f"sliding.{name}"] = (dtype, (len(sliding), b, h, window, d))
-        if any(layer.sliding_window != sliding[0].sliding_window for layer in sliding):
-            raise SavedCacheError("this model's sliding layers have different windows, which this format cannot load")
-    return expected
+    return per_layer
 
 
 def _check_tensors(expected: dict, shapes: dict, splits: dict) -> None:
@@ -496,28 +541,26 @@ def _read(path: Path, names: list[str]) -> dict[str, torch.Tensor]:
         raise SavedCacheError(f"{Path(path).name}: its tensors cannot be read ({err})") from None
 
 
-def _fill(cache, counts: list[dict], tensors: dict, splits: dict, device) -> None:
-    """Hand every layer its tensors (unstacked), on the model's device."""
-    codec_index = sliding_index = 0
-    for layer, c in zip(cache.layers, counts):
-        kind = c["kind"]
-        position = codec_index if kind == "codec" else sliding_index
+def _fill(cache, counts: list[dict], groups: list[str], tensors: dict, splits: dict, device) -> None:
+    """Hand every layer its tensors (unstacked from its group), on the model's device."""
+    positions = dict.fromkeys(groups, 0)
+    for layer, c, group in zip(cache.layers, counts, groups):
+        position = positions[group]
+        positions[group] += 1
         mine = {}
         for name, t in tensors.items():
-            if name.startswith(f"{kind}."):
+            if name.startswith(f"{group}."):
                 key = name.split(".", 1)[1]
                 if name in splits:
                     lo = sum(splits[name][:position])
                     mine[key] = t[lo : lo + splits[name][position]].to(device)
                 else:
                     mine[key] = t[position].to(device)
-        if kind == "codec":
+        if c["kind"] == "codec":
             lengths = mine.get("stream_lengths")
             if lengths is not None and (int(lengths.min()) < 0 or int(lengths.long().sum()) != mine["streams"].numel()):
                 raise SavedCacheError("a layer's stream lengths disagree with its streams (the file is corrupted)")
             layer.load_state(mine, c)
-            codec_index += 1
         else:
             layer.lazy_initialization(mine["keys"], mine["values"])
             layer.keys, layer.values, layer.cumulative_length = mine["keys"], mine["values"], c["cumulative_length"]
-            sliding_index += 1

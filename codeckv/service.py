@@ -240,7 +240,8 @@ def chat_resume(loaded: LoadedModel, session: ChatSession, upload, limits: Limit
     path = saved_cache_file(upload, limits.max_cache_file_bytes)
     tier = tier_from_spec(read_header(path, limits.max_cache_file_bytes)[0].get("tier"))
     if TIERS.get(tier.name) != tier:
-        raise ValueError(f"this file was saved with a custom tier ('{tier.name}'), which the Chat cannot select "
+        kind = "a per-layer schedule" if tier.per_layer else "a custom tier"
+        raise ValueError(f"this file was saved with {kind} ('{tier.name}'), which the Chat cannot select "
                          "again (allowed: a preset tier; a library user loads it with codeckv.load_cache)")
     resumed = session.resume(loaded, path, limits.max_cache_file_bytes, limits.max_prompt_tokens)
     IDLE.rest(session, limits.max_idle_mib)  # idle until its next turn: at rest, counted with the other sessions

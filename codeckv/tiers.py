@@ -19,6 +19,7 @@ need a calibration per model (codeckv/calibration.py), which the cache loads by 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ class Tier:
     keep_recent: int = 0  # most recent tokens kept at full precision
     max_rel_error: float = math.inf  # bound on ||decode(encode(x)) - x|| / ||x|| on the test signal
     joint: JointPCA | None = None  # keys and values of a layer coded together (calibrated per model), no key/value
+    per_layer: tuple[tuple[int, Tier], ...] = ()  # (layer index, tier) overriding this tier there (codeckv/schedule.py)
 
     def __post_init__(self) -> None:
         for side, codec in (("key", self.key), ("value", self.value)):
@@ -64,11 +66,28 @@ class Tier:
         _check_count(self.keep_recent, f"Tier {self.name!r}: keep_recent")
         if not self.max_rel_error >= 0:
             raise ValueError(f"Tier {self.name!r}: max_rel_error={self.max_rel_error!r} must be >= 0")
+        indices = [entry[0] if isinstance(entry, tuple) and len(entry) == 2 else None for entry in self.per_layer]
+        for index, entry in zip(indices, self.per_layer):
+            if isinstance(index, bool) or not isinstance(index, int) or index < 0 or not isinstance(entry[1], Tier):
+                raise ValueError(f"Tier {self.name!r}: per_layer entry {entry!r} is not (layer index >= 0, Tier)")
+            if entry[1].per_layer:
+                raise ValueError(f"Tier {self.name!r}: the tier of layer {index} has a schedule of its own "
+                                 "(allowed: plain tiers per layer)")
+        if indices != sorted(set(indices)):
+            raise ValueError(f"Tier {self.name!r}: per_layer indices {indices} must be distinct and in order")
 
     @property
     def is_native(self) -> bool:
-        """True when neither keys nor values are encoded."""
-        return self.key is None and self.value is None and self.joint is None
+        """True when neither keys nor values are encoded, on any layer."""
+        plain = self.key is None and self.value is None and self.joint is None
+        return plain and all(tier.is_native for _, tier in self.per_layer)
+
+    def tier_at(self, index: int) -> Tier:
+        """The plain tier of model layer `index`: its per_layer entry, else this tier without the schedule."""
+        for layer, tier in self.per_layer:
+            if layer == index:
+                return tier
+        return dataclasses.replace(self, per_layer=()) if self.per_layer else self
 
 
 def _tiers(*tiers: Tier) -> dict[str, Tier]:

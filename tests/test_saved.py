@@ -119,6 +119,41 @@ def test_custom_tiers_and_overrides_are_saved_as_data(tiny, tier, tmp_path):
     assert _greedy(model, saved.cache, feed, 5)[0] == _greedy(model, cache, feed, 5)[0]
 
 
+SCHEDULES = [  # the tiny model's full-attention layers are 2 and 5
+    ("turbo-4", {5: "int8"}, False),
+    ("turbo-3", {2: "jpeg-k8-int8"}, None),  # jpeg on its codes, turbo-3 on its codes: one mode per layer
+    ("int8", {5: "pca-8x"}, None),  # a PCA layer (a decoded view) beside a layer on its codes
+    ("pca-16x", {2: "pca-8x"}, False),  # two PCA tiers, each layer with its own tier's coder
+]
+
+
+@pytest.mark.parametrize("base, per_layer, materialization_free", SCHEDULES)
+def test_a_per_layer_schedule_is_saved_and_resumes_with_the_same_tokens(tiny, base, per_layer, materialization_free,
+                                                                       tmp_path):
+    model, calibrations, prompt = tiny
+    cache = make_cache(model.config, base, materialization_free, list(calibrations.values()), per_layer=per_layer)
+    assert {index: cache.layers[index].tier.name for index in per_layer} == per_layer
+    tokens, _ = _greedy(model, cache, prompt, 3)
+    cache.save(tmp_path / "s.kvc", torch.cat([prompt[0], torch.tensor(tokens[:-1])]), model)
+    saved = load_cache(tmp_path / "s.kvc", model, calibration=list(calibrations.values()))
+    assert saved.cache.tier == cache.tier and saved.header["tier"]["per_layer"][0][0] == next(iter(per_layer))
+    assert [type(a) for a in saved.cache.layers] == [type(b) for b in cache.layers], "each layer in its own mode"
+    assert saved.cache.footprint().archive_bytes == cache.footprint().archive_bytes
+    feed = torch.tensor([[tokens[-1]]])
+    want, want_logits = _greedy(model, cache, feed, 4)
+    got, got_logits = _greedy(model, saved.cache, feed, 4)
+    assert got == want, f"{cache.tier.name}: a resumed schedule must answer as the saved one"
+    torch.testing.assert_close(torch.stack(got_logits), torch.stack(want_logits), rtol=0, atol=0)
+
+
+def test_a_schedule_with_a_native_full_attention_layer_is_not_saved(tiny, tmp_path):
+    model, _, prompt = tiny
+    cache = make_cache(model.config, "native", False, per_layer={5: "int8"})
+    _greedy(model, cache, prompt, 1)
+    with pytest.raises(SavedCacheError, match="layer 2 is a DynamicLayer.*allowed: codec layers"):
+        cache.save(tmp_path / "n.kvc", prompt, model)
+
+
 @pytest.fixture
 def saved_file(tiny, tmp_path):
     """A turbo-4 cache file of the tiny model (and its tensors and header, to forge bad files from)."""
@@ -145,7 +180,7 @@ def test_a_good_file_loads_with_its_extra(tiny, saved_file):
     path, _, header = saved_file
     saved = load_cache(path, tiny[0])
     assert saved.header["extra"] == {"note": "test"} and saved.header["tokens"] == PROMPT
-    assert header["format"] == "codeckv-cache" and header["version"] == 1
+    assert header["format"] == "codeckv-cache" and header["version"] == 2
 
 
 def _refused(path, model, match, **kwargs):
@@ -171,7 +206,7 @@ def test_corrupted_headers_and_tensors_are_refused(tiny, saved_file, tmp_path):
     path, tensors, header = saved_file
     model = tiny[0]
     _refused(_forge(tmp_path, tensors, "{not json"), model, "not a codeckv-cache file")
-    _refused(_forge(tmp_path, tensors, {**header, "version": 2}), model, r"version 2.*allowed: 1")
+    _refused(_forge(tmp_path, tensors, {**header, "version": 3}), model, r"version 3.*allowed: 1, 2")
     _refused(_forge(tmp_path, tensors, {**header, "format": "other"}), model, "not a codeckv-cache file")
     bad_tier = {**header, "tier": {**header["tier"], "key": {"codec": "os.system"}}}
     _refused(_forge(tmp_path, tensors, bad_tier), model, "allowed: Cast, DCT")

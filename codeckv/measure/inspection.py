@@ -37,6 +37,7 @@ from codeckv.layers import CodecLayer
 from codeckv.measure.side_by_side import Prompt, prompt_ids
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
+from codeckv.schedule import check_layers
 from codeckv.tiers import Tier, as_tier
 
 DEFAULT_BLOCK = 8  # DCT block for the spectrum of a tier without a DCT codec
@@ -111,6 +112,8 @@ class LayerError:
     layer: int
     layer_type: str
     codec: bool  # the layer carries the codec (full attention); others stay native
+    tier: str  # the tier of this layer (a per-layer schedule gives layers their own: codeckv/schedule.py)
+    ratio_vs_bf16: float  # the layer's stored bytes (archive + raw tokens) / bf16 of its tokens; nan if native
     key_rel_error: float  # ||K̂ - K||_F / ||K||_F
     value_rel_error: float
     key_psnr_db: float  # 20 log10(max|K|) - 10 log10(MSE); inf when exact
@@ -170,20 +173,37 @@ def capture_kv(loaded: LoadedModel, prompt: Prompt) -> KVCapture:
 
 
 def reconstruct(tier: Tier, keys: torch.Tensor, values: torch.Tensor, index: int = 0,
-                calibration: Calibration | None = None) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+                calibration: Calibration | list[Calibration] | None = None) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """K, V (H, S, D) of layer `index` through `tier` as the cache stores them -> (K̂, V̂, archived span [start, end)).
 
-    calibration: the model's Calibration, needed by a PCA tier (its coder is per layer).
+    tier: a plain tier or a per-layer schedule (layer `index` uses its own tier). calibration: the model's
+    Calibration, needed by a PCA tier (its coder is per layer); a list of them for a schedule of PCA tiers.
     """
+    tier = tier.tier_at(index)
     if tier.is_native:
         return keys.clone(), values.clone(), (0, 0)
-    if tier.joint is not None and calibration is None:
-        raise ValueError(f"tier '{tier.name}' needs the model's calibration (codeckv.calibration.calibration_for)")
+    layer = _coded(tier, keys, values, index, calibration)
+    span = (tier.keep_first, tier.keep_first + layer.footprint(index).archived_tokens)
+    return layer.keys[0].clone(), layer.values[0].clone(), span
+
+
+def _coded(tier: Tier, keys: torch.Tensor, values: torch.Tensor, index: int, calibration) -> CodecLayer:
+    """A codec layer of the plain `tier` holding K, V (H, S, D) as a prefill leaves them, archived where it would."""
+    if tier.joint is not None:
+        calibration = _calibration_of(calibration, tier)
     layer = CodecLayer(tier) if tier.joint is None else PCALayer(tier, calibration.coders[index])
     layer.update(keys[None], values[None])  # (1, H, S, D) prefill, raw
     layer.flush()  # archive every complete block outside the sinks and the recent window, decode in place
-    span = (tier.keep_first, tier.keep_first + layer.footprint(index).archived_tokens)
-    return layer.keys[0].clone(), layer.values[0].clone(), span
+    return layer
+
+
+def _calibration_of(calibration, tier: Tier) -> Calibration:
+    """The calibration of a PCA tier among `calibration` (one, a list, or None)."""
+    found = [c for c in (calibration if isinstance(calibration, list) else [calibration])
+             if c is not None and c.spec == tier.joint]
+    if not found:
+        raise ValueError(f"tier '{tier.name}' needs the model's calibration (codeckv.calibration.calibration_for)")
+    return found[0]
 
 
 def dct_energy(x: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -236,13 +256,18 @@ def channel_spectrum(capture: KVCapture, calibration: Calibration | None = None)
     )
 
 
-def layer_errors(capture: KVCapture, tier: Tier, calibration: Calibration | None = None) -> list[LayerError]:
-    """Relative error, PSNR, cosine, attention-output error and Var(Δ)/Var(X) for every layer."""
+def layer_errors(capture: KVCapture, tier: Tier, calibration: Calibration | list[Calibration] | None = None
+                 ) -> list[LayerError]:
+    """The tier and bytes of every layer, its relative error, PSNR, cosine, attention-output error, Var(Δ)/Var(X)."""
     out = []
     for index, (keys, values, kind) in enumerate(zip(capture.keys, capture.values, capture.layer_types)):
-        codec = kind == "full_attention" and not tier.is_native
+        layer_tier = tier.tier_at(index) if kind == "full_attention" else None
+        codec = layer_tier is not None and not layer_tier.is_native
+        ratio = math.nan
         if codec:
-            keys_hat, values_hat, _ = reconstruct(tier, keys, values, index, calibration)
+            coded = _coded(layer_tier, keys, values, index, calibration)
+            fp = coded.footprint(index)
+            keys_hat, values_hat, ratio = coded.keys[0], coded.values[0], fp.archive_bytes / fp.bf16_bytes
         else:
             keys_hat, values_hat = keys, values
         k, v, k_hat, v_hat = (t.float().cpu() for t in (keys, values, keys_hat, values_hat))
@@ -251,6 +276,8 @@ def layer_errors(capture: KVCapture, tier: Tier, calibration: Calibration | None
                 layer=index,
                 layer_type=kind,
                 codec=codec,
+                tier=layer_tier.name if codec else "native",
+                ratio_vs_bf16=ratio,
                 key_rel_error=relative_error(k, k_hat),
                 value_rel_error=relative_error(v, v_hat),
                 key_psnr_db=psnr_db(k, k_hat),
@@ -266,9 +293,13 @@ def layer_errors(capture: KVCapture, tier: Tier, calibration: Calibration | None
 
 
 def inspect_capture(capture: KVCapture, tier: Tier | str, layer: int = 0, head: int = 0,
-                    calibration: Calibration | None = None) -> Inspection:
-    """Heatmaps of (layer, head), spectra and per-layer errors of `tier` on a capture (calibration: PCA tiers)."""
+                    calibration: Calibration | list[Calibration] | None = None) -> Inspection:
+    """Heatmaps of (layer, head), spectra and per-layer errors of `tier` on a capture (calibration: PCA tiers).
+
+    tier: a plain tier or a per-layer schedule (codeckv/schedule.py), checked against the capture's layers.
+    """
     tier = as_tier(tier)
+    check_layers(tier, capture.layer_types)
     layers, heads = len(capture.keys), capture.keys[0].shape[0]
     if not (0 <= layer < layers and 0 <= head < heads):
         raise ValueError(f"layer={layer}, head={head} out of range (layers 0..{layers - 1}, heads 0..{heads - 1})")
@@ -279,12 +310,13 @@ def inspect_capture(capture: KVCapture, tier: Tier | str, layer: int = 0, head: 
         keys_hat, values_hat, span = keys, values, (0, 0)
     k, k_hat, v, v_hat = (t[head].float().cpu() for t in (keys, keys_hat, values, values_hat))  # (S, D)
     view = HeadView(layer, head, span, k, k_hat, (k_hat - k).abs(), v, v_hat, (v_hat - v).abs())
-    return Inspection(tier.name, capture.tokens, view, spectrum(capture, tier), channel_spectrum(capture, calibration),
-                      layer_errors(capture, tier, calibration))
+    shown = calibration[0] if isinstance(calibration, list) and calibration else calibration  # its bits per component
+    return Inspection(tier.name, capture.tokens, view, spectrum(capture, tier.tier_at(layer)),
+                      channel_spectrum(capture, shown or None), layer_errors(capture, tier, calibration))
 
 
 def inspect_tier(loaded: LoadedModel, prompt: Prompt, tier: Tier | str, layer: int = 0, head: int = 0) -> Inspection:
-    """capture_kv then inspect_capture (with the model's calibration for a PCA tier)."""
+    """capture_kv then inspect_capture (with the model's calibrations for the PCA tiers it uses)."""
     return inspect_capture(capture_kv(loaded, prompt), tier, layer, head, calibration_for(loaded, tier))
 
 

@@ -7,7 +7,7 @@ from gradio_client import Client
 
 import app
 
-PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0]
+PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import app
 from codeckv.measure.chat import ChatSession
 
-PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0]  # Advanced accordion untouched: use the preset
+PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]  # Advanced accordion untouched: use the preset
 
 
 def _turn(message, session=None, tier="turbo-4", tokens=8):

@@ -13,8 +13,9 @@ from codeckv.inputs import DOCUMENTS
 from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.measure.chat import ChatSession
 from codeckv.sessions import IdleSessions
+from codeckv.tiers import TIERS
 
-PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0]  # Advanced accordion untouched: use the preset
+PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]  # Advanced accordion untouched: use the preset
 
 
 def _turn(message, tier="png", tokens=12, advanced=PLAIN, session=None, decoded_view=False, document=None,
@@ -62,14 +63,18 @@ def test_long_document_turn_shows_real_ratios():
         ("   ", PLAIN, "empty"),
         ("\u200b\u200d\ufeff", PLAIN, "empty"),  # zero-width characters only
         ("bad \ud800 surrogate", PLAIN, "invalid character at position 4"),
-        ("hi", [True, 8, 9, "4", "same", 32, True, 0, 0], "k frequencies kept=9 is out of range \\(allowed: 0..8\\)"),
-        ("hi", [True, 8, 0, "5", "same", 32, True, 0, 0], "key bits='5' is not a choice here"),
-        ("hi", [True, 10**6, 1, "4", "same", 32, True, 0, 0], "DCT block size=1000000 is out of range"),
-        ("hi", [True, 8, 0, "4", "same", 32, True, 10**9, 0], "keep_first=1000000000 is out of range"),
-        ("hi", [True, 8, 0, "4", "same", 32, True, 6000, 3000], "leave nothing to archive"),
-        ("hi", [True, 8, 0, "4", "same", 48, True, 0, 0], "group=48 must divide head_dim=64"),
-        ("hi", [True, 8.5, 0, "4", "same", 32, True, 0, 0], "must be a whole number"),
+        ("hi", [True, 8, 9, "4", "same", 32, True, 0, 0, ""],
+         "k frequencies kept=9 is out of range \\(allowed: 0..8\\)"),
+        ("hi", [True, 8, 0, "5", "same", 32, True, 0, 0, ""], "key bits='5' is not a choice here"),
+        ("hi", [True, 10**6, 1, "4", "same", 32, True, 0, 0, ""], "DCT block size=1000000 is out of range"),
+        ("hi", [True, 8, 0, "4", "same", 32, True, 10**9, 0, ""], "keep_first=1000000000 is out of range"),
+        ("hi", [True, 8, 0, "4", "same", 32, True, 6000, 3000, ""], "leave nothing to archive"),
+        ("hi", [True, 8, 0, "4", "same", 48, True, 0, 0, ""], "group=48 must divide head_dim=64"),
+        ("hi", [True, 8.5, 0, "4", "same", 32, True, 0, 0, ""], "must be a whole number"),
         ("word " * 9000, PLAIN, "context of 8192 tokens"),
+        ("hi", [*PLAIN[:-1], "0:int9"], r"unknown tier 'int9' \(allowed: native, png"),
+        ("hi", [*PLAIN[:-1], "30:int8"], r"layer 30 does not exist: the model has 30 layers \(allowed: the full-"),
+        ("hi", [*PLAIN[:-1], "0:int8, " * 100], "allowed: at most 600"),
     ],
 )
 def test_bad_input_gives_a_clear_error(message, advanced, expected):
@@ -103,9 +108,19 @@ def test_other_requests_are_bounded_before_they_run():
 
 
 def test_custom_tier_from_advanced_settings_runs():
-    advanced = [True, 8, 4, "8", "same", 64, False, 4, 16]
+    advanced = [True, 8, 4, "8", "same", 64, False, 4, 16, ""]
     native, codec, _, codec_stats, *_ = _turn("Name a colour.", advanced=advanced)[-1]
     assert codec[-1]["content"] and "**custom**" in codec_stats
+
+
+def test_a_per_layer_schedule_from_advanced_settings_runs_with_each_layer_on_its_tier():
+    advanced = [*PLAIN[:-1], "0-1:int8, 29:pca-8x"]
+    native, codec, _, codec_stats, *_, session = _turn("Name a colour.", tier="turbo-4", advanced=advanced)[-1]
+    assert codec[-1]["content"] and "turbo-4 · 0-1:int8, 29:pca-8x" in codec_stats
+    assert "on the stored codes in 29 of 30 layers, on a decoded view in the others (layer 29 (pca-8x)" in codec_stats
+    layers = session.runs[1].cache.layers
+    assert [layers[i].tier.name for i in (0, 1, 29)] == ["int8", "int8", "pca-8x"]
+    assert layers[5].tier.key == TIERS["turbo-4"].key
 
 
 def test_attention_reads_the_codes_by_default_and_the_stats_say_where():
@@ -146,7 +161,7 @@ def test_model_panel_describes_the_model():
 
 def test_inspect_returns_figures_and_summary():
     *figures, summary = app.inspect_kv(app.INSPECT_TEXT, "smollm2-135m", "jpeg-k2", *PLAIN, 3, 1, "V")
-    assert len(figures) == 5 and all(f is not None for f in figures)
+    assert len(figures) == 6 and all(f is not None for f in figures)
     assert "layer 3, head 1" in summary and "PSNR" in summary and "inf dB" not in summary
 
 

@@ -11,7 +11,7 @@ from gradio_client.exceptions import AppError
 
 import app
 
-PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0]
+PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +37,9 @@ def test_unlisted_models_are_refused_without_calling_the_loader(client, model):
 @pytest.mark.parametrize(
     "advanced, expected",
     [
-        ([True, 10**6, 1, "4", "same", 32, True, 0, 0], "DCT block size=1000000 is out of range"),
-        ([True, 8, 0, "4", "same", 32, True, 10**9, 0], "keep_first=1000000000 is out of range"),
-        ([True, 8, 0, "4", "same", 32, True, 4000, 4192], "leave nothing to archive"),
+        ([True, 10**6, 1, "4", "same", 32, True, 0, 0, ""], "DCT block size=1000000 is out of range"),
+        ([True, 8, 0, "4", "same", 32, True, 10**9, 0, ""], "keep_first=1000000000 is out of range"),
+        ([True, 8, 0, "4", "same", 32, True, 4000, 4192, ""], "leave nothing to archive"),
     ],
 )
 def test_impossible_custom_tiers_are_refused_at_once(client, advanced, expected):

