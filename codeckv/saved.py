@@ -4,9 +4,9 @@
     saved = load_cache("chat.kvc", loaded)          # SavedCache: .cache (a CodecCache at rest), .token_ids, .header
     loaded.model(next_ids, cache=saved.cache)       # goes on exactly as the cache that was saved would have
 
-Format "codeckv-cache", version 1. The safetensors metadata holds one key, "codeckv", a JSON object:
+Format "codeckv-cache", version 2. The safetensors metadata holds one key, "codeckv", a JSON object:
 
-    format, version       "codeckv-cache", 1
+    format, version       "codeckv-cache", 2 (1: before PCA chunks carried their rung)
     tier                  the tier as data, enough to rebuild it exactly (presets, custom_tier, keep_first /
                           keep_recent overrides): name, description, keep_first, keep_recent, max_rel_error
                           (null = unbounded), key and value codecs as {"codec": class name, field: value, ...}
@@ -22,10 +22,11 @@ Format "codeckv-cache", version 1. The safetensors metadata holds one key, "code
     extra                 an application's own JSON (the Chat: the conversation's exchanges), or null
 
 Tensors: "token_ids" (B, T) int32, and per layer kind each tensor a layer exports (CodecLayer.export_state: the
-raw sinks and tail, the archive's code tensors or PCA streams; a sliding layer: its window's keys and values)
-stacked over the layers of that kind on a new first axis, as "codec.<name>" / "sliding.<name>" (a 1-D
-variable-length one, concatenated). So a file is the cache's held bytes at rest (archive + raw tokens) plus the
-token ids and a header of a few KiB (`python -m codeckv saved-size` measures it per tier).
+raw sinks and tail, the archive's code tensors or PCA streams, their lengths and rungs; a sliding layer: its
+window's keys and values) stacked over the layers of that kind on a new first axis, as "codec.<name>" /
+"sliding.<name>" (a 1-D variable-length one, concatenated). So a file is the cache's held bytes at rest
+(archive + raw tokens) plus the token ids and a header of a few KiB (`python -m codeckv saved-size` measures
+it per tier).
 
 Loading checks everything it can before it reads a tensor: the file size (max_bytes), the safetensors header
 (every offset inside the file, nothing missing at its end), the JSON, format and version, the tier (rebuilt from
@@ -52,13 +53,14 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from codeckv.codecs import DCT, Cast, Delta, GroupQuant, LloydMaxQuant, Rotation
 from codeckv.codecs.pca import SINK_CODEC, JointPCA
+from codeckv.codecs.rate import SKIP
 from codeckv.layers import CodecLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
 from codeckv.tiers import Tier
 
 FORMAT = "codeckv-cache"
-VERSION = 1
+VERSION = 2  # 2: PCA chunks carry their rate-control rung ("rungs")
 MAX_FILE_BYTES = 512 << 20  # load_cache's default cap: an 8k-token lossless (png) cache of smollm2-135m fits
 MAX_HEADER_BYTES = 8 << 20  # the safetensors JSON header (the Chat's conversation text included)
 CODECS = {cls.__name__: cls for cls in (Cast, DCT, Delta, GroupQuant, LloydMaxQuant, Rotation)}
@@ -439,6 +441,7 @@ def _expected(cache, counts: list[dict], batch: int, tokens: int, geometry: dict
     if archived > 0 and isinstance(layer, PCALayer):
         chunks = archived // layer.unit
         per_layer["stream_lengths"] = (torch.int32, (chunks,))
+        per_layer["rungs"] = (torch.uint8, (chunks,))
         per_layer["streams"] = (torch.uint8, None)  # variable length: one length per layer in splits
         for j in range(chunks):
             rows = min(max(layer.coder.sink_tokens - keep_first - j * layer.unit, 0), layer.unit)
@@ -515,6 +518,10 @@ def _fill(cache, counts: list[dict], tensors: dict, splits: dict, device) -> Non
             lengths = mine.get("stream_lengths")
             if lengths is not None and (int(lengths.min()) < 0 or int(lengths.long().sum()) != mine["streams"].numel()):
                 raise SavedCacheError("a layer's stream lengths disagree with its streams (the file is corrupted)")
+            rungs = mine.get("rungs")
+            if rungs is not None and (int(rungs.max()) > SKIP or bool(((rungs == SKIP) & (lengths != 0)).any())):
+                raise SavedCacheError(f"a layer's chunk rungs are not 0..{SKIP} with no stream at {SKIP} "
+                                      "(the file is corrupted)")
             layer.load_state(mine, c)
             codec_index += 1
         else:
