@@ -48,6 +48,7 @@ VERSION = 2  # bump when the calibration recipe or the saved format changes: old
 SKIP = 4  # leading positions of every calibration window left out of the statistics (attention sinks)
 FISHER_REG = 1e-2  # F + FISHER_REG * mean(diag F) * I before its square root
 BATCH = 4  # calibration windows per forward + backward
+TABLE_SUBSAMPLE = 4  # the entropy tables histogram every 4th calibration row, at each of the 16 rungs
 
 
 @dataclass
@@ -160,10 +161,13 @@ def _calibrate(model, ids: torch.Tensor, spec: JointPCA, name: str) -> Calibrati
         kept = (ecsq(y, float(ladder_steps(step)[0])) != 0).any(0)
         kept[0] = True  # at least one component per layer
         y = y[:, kept]
-        table = _class_table(y, step)
-        codes = ecsq(y, step)
-        component_bits = table.bits(codes) / codes.shape[0]  # (r,) bits per token at the calibrated step
-        bits += float(component_bits.sum()) * codes.shape[0]
+        classes, counts = _class_counts(y[::TABLE_SUBSAMPLE], step)
+        table = EntropyTable.from_counts(counts.sum(0), classes)
+        limit = (counts.shape[2] - 3) // 2
+        codes = ecsq(y, step).clamp_(-limit - 1, limit + 1).long() + limit + 1  # the calibrated step's
+        per_code = table.code_bits(limit).double()  # (K, 2 limit + 3)
+        component_bits = per_code[classes, codes].sum(0) / y.shape[0]  # (r,) bits per token
+        bits += float(component_bits.sum()) * y.shape[0]
         elements += y.shape[0] * mean.numel()
         coders[index] = LayerCoder(
             mean, enc[:, kept].contiguous(), dec[kept].contiguous(), step, table, config.num_key_value_heads,
@@ -245,26 +249,27 @@ def _recentred(whitened: dict, step: float, bits_per_element: float) -> float:
     bits, elements = torch.zeros(len(LADDER), dtype=torch.float64), 0
     for mean, _, _, y in whitened.values():
         y = y[:, (ecsq(y, float(ladder_steps(step)[0])) != 0).any(0)]
-        table = _class_table(y, step)
-        for j, shift in enumerate(LADDER):
-            bits[j] += float(table.bits(ecsq(y, float(ladder_steps(step)[j])), shift).sum())
-        elements += y.shape[0] * mean.numel()
+        classes, counts = _class_counts(y[::TABLE_SUBSAMPLE], step)
+        table = EntropyTable.from_counts(counts.sum(0), classes)
+        bits += (counts.double() * table.code_bits((counts.shape[2] - 3) // 2).double()).sum((1, 2))
+        elements += y[::TABLE_SUBSAMPLE].shape[0] * mean.numel()
     rate = bits / elements
     return float(ladder_steps(step)[int((rate.log() - math.log(bits_per_element)).abs().argmin())])
 
 
-def _class_table(y: torch.Tensor, step: float, limit: int = 255) -> EntropyTable:
-    """(N, r) calibration components and the calibrated step -> the layer's EntropyTable (module docstring, 4)."""
+def _class_counts(y: torch.Tensor, step: float, limit: int = 255) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, r) calibration components and the calibrated step -> each component's class (r,) and, per rung, the
+    (rungs, K, 2 limit + 3) histograms of the codes of each class (module docstring, 4)."""
     scale = y.abs().mean(0).clamp_min(1e-30) / step  # (r,) mean |y| in steps
     base = torch.round(RUNGS_PER_OCTAVE * torch.log2(scale)).long()
     classes = base - base.min() + max(LADDER)  # every rung's class (classes - rung) is >= 0
     count = int(classes.max()) - min(LADDER) + 1
     width = 2 * limit + 3
-    counts = torch.zeros(count * width, dtype=torch.long)
-    for shift, rung_step in zip(LADDER, ladder_steps(step).tolist()):
-        q = ecsq(y, rung_step).long().clamp(-limit - 1, limit + 1) + limit + 1
-        counts += torch.bincount((q + (classes - shift) * width).reshape(-1), minlength=count * width)
-    return EntropyTable.from_counts(counts.view(count, width), classes)
+    counts = torch.zeros(len(LADDER), count * width, dtype=torch.long)
+    for j, (shift, rung_step) in enumerate(zip(LADDER, ladder_steps(step).tolist())):
+        q = ecsq(y, rung_step).clamp_(-limit - 1, limit + 1).long() + limit + 1
+        counts[j] = torch.bincount((q + (classes - shift) * width).reshape(-1), minlength=count * width)
+    return classes, counts.view(len(LADDER), count, width)
 
 
 def _entropy_bits(codes: torch.Tensor) -> float:

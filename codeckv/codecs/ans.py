@@ -128,12 +128,15 @@ class EntropyTable:
         escape = (codes.long().abs() > self.offset[classes]).double() * np.log2(ESCAPE_RANGE)
         return (-torch.log2(p) + escape).sum(0)
 
-    def cost_bits(self) -> torch.Tensor:
-        """(K, n) float32: the bits the coder spends on each symbol of each model (escapes: + 16 for the value)."""
+    def code_bits(self, limit: int = 255) -> torch.Tensor:
+        """(K, 2 limit + 3) float32: the bits the coder spends on each code q in [-limit - 1, limit + 1] under each
+        model, from its fixed-point frequencies (an escape: the escape symbol + 16 bits; |q| > limit: escaped)."""
         _, frequency = self._fixed_point()
-        cost = PRECISION - np.log2(np.maximum(frequency, 1).astype(np.float64))
-        cost[np.arange(len(cost)), 2 * self.offset.numpy() + 1] += np.log2(ESCAPE_RANGE)
-        return torch.from_numpy(cost.astype(np.float32))
+        cost = torch.from_numpy(PRECISION - np.log2(np.maximum(frequency, 1).astype(np.float64)))  # (K, n)
+        q = torch.arange(-limit - 1, limit + 2)[None, :]
+        m = self.offset[:, None]
+        symbols = torch.where(q.abs() <= m, q + m, 2 * m + 1)
+        return (cost.gather(1, symbols) + (q.abs() > m) * np.log2(ESCAPE_RANGE)).float()
 
     def _order(self, rows: int) -> _Order:
         """The class-major symbol order of a stream of `rows` code rows (memoized by rows; shift-free)."""

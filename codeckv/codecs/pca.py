@@ -38,6 +38,7 @@ from codeckv.codecs.rate import HEADER_BYTES, LADDER, NOTHING, SKIP, RateBudget,
 from codeckv.rope import Rope
 
 SINK_CODEC = GroupQuant(bits=8, group=32)
+COST_LIMIT = 255  # codes beyond +-COST_LIMIT are estimated at their escape's cost: the models' largest M_k
 
 
 @dataclass(frozen=True)
@@ -172,17 +173,14 @@ class LayerCoder:
         """(B, S', r) components, chunk row bounds (chunks + 1,) -> (chunks, SKIP) int64 upper bounds of the
         stream bytes of each chunk at each rung (the coder's fixed-point code lengths, codecs/ans.py)."""
         if self._costs is None:
-            self._costs = self.table.cost_bits().reshape(-1)
-        width = self.table.probs.shape[1]
-        steps = self.steps
+            self._costs = self.table.code_bits(COST_LIMIT).reshape(-1)
+        width = 2 * COST_LIMIT + 3
         edges = torch.tensor(bounds)
         bits = torch.empty(len(bounds) - 1, SKIP, dtype=torch.float64)
-        for j, shift in enumerate(LADDER):
-            classes = self.table.classes - shift  # (r,)
-            m = self.table.offset[classes]
-            q = self.quantize(y, steps[j]).long()
-            symbol = torch.where(q.abs() <= m, q + m, 2 * m + 1) + classes * width
-            per_row = self._costs[symbol].sum((0, 2), dtype=torch.float64)  # (S',)
+        for j, (shift, step) in enumerate(zip(LADDER, self.steps.tolist())):
+            place = (self.table.classes - shift) * width + COST_LIMIT + 1  # (r,) where each column's q = 0 costs
+            q = torch.round(y / step).clamp_(-COST_LIMIT - 1, COST_LIMIT + 1).long() + place
+            per_row = self._costs[q].sum((0, 2), dtype=torch.float64)  # (S',)
             total = torch.cat([torch.zeros(1, dtype=torch.float64), per_row.cumsum(0)])
             bits[:, j] = total[edges[1:]] - total[edges[:-1]]
         return (bits / 8).ceil().long() + STREAM_SLACK_BYTES
