@@ -60,6 +60,7 @@ from codeckv.pca_layer import PCALayer
 from codeckv.tiers import Tier
 
 FORMAT = "codeckv-cache"
+VARIABLE_LENGTH = ("streams",)  # the layers' 1-D tensors whose length is their own (PCA streams): always split
 VERSION = 2  # 2: PCA chunks carry their rate-control rung ("rungs")
 MAX_FILE_BYTES = 512 << 20  # load_cache's default cap: an 8k-token lossless (png) cache of smollm2-135m fits
 MAX_HEADER_BYTES = 8 << 20  # the safetensors JSON header (the Chat's conversation text included)
@@ -260,7 +261,8 @@ def save_cache(cache, path: str | Path, token_ids, model=None, extra=None) -> in
         for key, parts in named.items():
             if len(parts) != sum(layer["kind"] == kind for layer in layers):
                 raise SavedCacheError(f"'{key}' is held by some {kind} layers only: the layers disagree")
-            if all(p.shape == parts[0].shape for p in parts):
+            variable = key in VARIABLE_LENGTH  # concatenated even when every layer's happens to be as long
+            if not variable and all(p.shape == parts[0].shape for p in parts):
                 tensors[f"{kind}.{key}"] = torch.stack(parts).contiguous()
             elif all(p.dim() == 1 for p in parts):
                 tensors[f"{kind}.{key}"] = torch.cat(parts).contiguous()

@@ -145,7 +145,7 @@ def test_a_good_file_loads_with_its_extra(tiny, saved_file):
     path, _, header = saved_file
     saved = load_cache(path, tiny[0])
     assert saved.header["extra"] == {"note": "test"} and saved.header["tokens"] == PROMPT
-    assert header["format"] == "codeckv-cache" and header["version"] == 1
+    assert header["format"] == "codeckv-cache" and header["version"] == 2
 
 
 def _refused(path, model, match, **kwargs):
@@ -171,7 +171,7 @@ def test_corrupted_headers_and_tensors_are_refused(tiny, saved_file, tmp_path):
     path, tensors, header = saved_file
     model = tiny[0]
     _refused(_forge(tmp_path, tensors, "{not json"), model, "not a codeckv-cache file")
-    _refused(_forge(tmp_path, tensors, {**header, "version": 2}), model, r"version 2.*allowed: 1")
+    _refused(_forge(tmp_path, tensors, {**header, "version": 1}), model, r"version 1.*allowed: 2")
     _refused(_forge(tmp_path, tensors, {**header, "format": "other"}), model, "not a codeckv-cache file")
     bad_tier = {**header, "tier": {**header["tier"], "key": {"codec": "os.system"}}}
     _refused(_forge(tmp_path, tensors, bad_tier), model, "allowed: Cast, DCT")

@@ -28,6 +28,7 @@ decode_many is the same in reverse (the symbol of a quantile: a binary search in
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import constriction
@@ -106,6 +107,10 @@ class EntropyTable:
     @property
     def columns(self) -> int:
         return self.classes.numel()
+
+    def __deepcopy__(self, memo: dict) -> EntropyTable:
+        """A copy of the tables, without what is memoized (constriction's models cannot be copied; rebuilt lazily)."""
+        return EntropyTable(*(copy.deepcopy(t, memo) for t in (self.probs, self.offset, self.classes)))
 
     def _check(self, shift: int) -> None:
         """Raise ValueError unless every column has a model at this shift."""

@@ -39,6 +39,8 @@ from codeckv.rope import Rope
 
 SINK_CODEC = GroupQuant(bits=8, group=32)
 COST_LIMIT = 255  # codes beyond +-COST_LIMIT are estimated at their escape's cost: the models' largest M_k
+ANCHOR_SPACING = 4  # the rate control evaluates every 4th rung for every chunk, then the few its choice needs
+UNKNOWN_BYTES = 1 << 40  # a rung not evaluated for a chunk: never chosen
 
 
 @dataclass(frozen=True)
@@ -169,21 +171,45 @@ class LayerCoder:
         """How many of `tokens` tokens from position start are sink tokens (coded apart)."""
         return min(max(self.sink_tokens - start, 0), tokens)
 
-    def stream_bytes(self, y: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-        """(B, S', r) components, chunk row bounds (chunks + 1,) -> (chunks, SKIP) int64 upper bounds of the
-        stream bytes of each chunk at each rung (the coder's fixed-point code lengths, codecs/ans.py)."""
+    def stream_bytes(self, y: torch.Tensor, bounds: list[int], rungs: torch.Tensor) -> torch.Tensor:
+        """(B, S', r) components, chunk row bounds (chunks + 1,), one rung per chunk (chunks,) -> (chunks,) int64
+        upper bounds of each chunk's stream bytes at its rung (the coder's fixed-point code lengths, codecs/ans.py)."""
         if self._costs is None:
             self._costs = self.table.code_bits(COST_LIMIT).reshape(-1)
         width = 2 * COST_LIMIT + 3
+        if bool((rungs == rungs[0]).all()):  # one rung for all: a scalar step, one place per column
+            shifts, steps = torch.tensor(LADDER[int(rungs[0])]), self.steps[rungs[0]]
+            place = (self.table.classes - shifts) * width + COST_LIMIT + 1  # (r,): where q = 0's cost is
+        else:
+            counts = torch.tensor(bounds).diff()
+            shifts = torch.tensor(LADDER)[rungs].repeat_interleave(counts)  # (S',) each row's rung's shift
+            steps = self.steps[rungs].repeat_interleave(counts)
+            place = (self.table.classes[None, :] - shifts[:, None]) * width + COST_LIMIT + 1  # (S', r)
+        q = ecsq_rows(y, steps).clamp_(-COST_LIMIT - 1, COST_LIMIT + 1).long() + place
+        per_row = self._costs[q].sum((0, 2), dtype=torch.float64)  # (S',)
+        total = torch.cat([torch.zeros(1, dtype=torch.float64), per_row.cumsum(0)])
         edges = torch.tensor(bounds)
-        bits = torch.empty(len(bounds) - 1, SKIP, dtype=torch.float64)
-        for j, (shift, step) in enumerate(zip(LADDER, self.steps.tolist())):
-            place = (self.table.classes - shift) * width + COST_LIMIT + 1  # (r,) where each column's q = 0 costs
-            q = torch.round(y / step).clamp_(-COST_LIMIT - 1, COST_LIMIT + 1).long() + place
-            per_row = self._costs[q].sum((0, 2), dtype=torch.float64)  # (S',)
-            total = torch.cat([torch.zeros(1, dtype=torch.float64), per_row.cumsum(0)])
-            bits[:, j] = total[edges[1:]] - total[edges[:-1]]
-        return (bits / 8).ceil().long() + STREAM_SLACK_BYTES
+        return ((total[edges[1:]] - total[edges[:-1]]) / 8).ceil().long() + STREAM_SLACK_BYTES
+
+    def _choose(self, y: torch.Tensor, bounds: list[int], sink_bytes: list[int], budget: RateBudget,
+                before: Spent, unit: int) -> list[int]:
+        """Each chunk's rung (codecs/rate.py) from few evaluated rungs: every ANCHOR_SPACING-th and the coarsest
+        for every chunk, then, for each chunk, those between the anchor it took and the next finer anchor; the
+        rule is the same (the finest evaluated rung that fits), on exact bounds."""
+        chunks = len(bounds) - 1
+        costs = torch.full((chunks, SKIP), UNKNOWN_BYTES, dtype=torch.long)
+        for rung in sorted({*range(0, SKIP, ANCHOR_SPACING), SKIP - 1}):
+            costs[:, rung] = self.stream_bytes(y, bounds, torch.full((chunks,), rung))
+        first = torch.tensor(budget.choose(costs, sink_bytes, before, unit))
+        finer_anchor = (first - 1).div(ANCHOR_SPACING, rounding_mode="floor") * ANCHOR_SPACING
+        for back in range(1, ANCHOR_SPACING):
+            rung = first - back
+            todo = (first < SKIP) & (rung > finer_anchor) & (rung >= 0)
+            if not bool(todo.any()):
+                break
+            rung = torch.where(todo, rung, first.clamp(max=SKIP - 1))  # elsewhere: a rung already evaluated
+            costs[torch.arange(chunks), rung] = self.stream_bytes(y, bounds, rung)
+        return budget.choose(costs, sink_bytes, before, unit)
 
     def _code(self, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int, budget: RateBudget,
               before: Spent):
@@ -199,7 +225,7 @@ class LayerCoder:
             sink_parts.append(sink)
             bounds.append(first + unit - sinks)
         sink_bytes = [sum(e.nbytes for e in sink) if sink else 0 for sink in sink_parts]
-        rungs = budget.choose(self.stream_bytes(y, bounds), sink_bytes, before, unit)
+        rungs = self._choose(y, bounds, sink_bytes, budget, before, unit)
         row_steps = self._row_steps(rungs, bounds)
         codes = self.quantize(y, row_steps)
         parts, shifts, coded = [], [], []
