@@ -13,8 +13,10 @@ tokens of B rows and d elements each, a layer may have spent
 
 bytes, sink = the bytes of its sink tokens: the sink's 8-bit groups are paid back over the first
 REPAY_TOKENS tokens. Each chunk takes the finest rung whose bytes fit in allowed(t after it) minus what the
-layer spent before it; when none fits, the skip rung (always fits: it costs 5 bytes plus any sink). What a
-chunk leaves unspent stays in the layer's allowance, so the next chunk may take a finer step there.
+layer spent before it, among the rungs its coder evaluated for it (every 4th rung and the coarsest, then those
+between the one it took and the next finer: codecs/pca.py); when none fits, the skip rung (always fits: it
+costs 5 bytes plus any sink). What a chunk leaves unspent stays in the layer's allowance, so the next chunk
+may take a finer step there.
 
 The guarantee, at every chunk boundary of every layer: stored bytes <= allowed(t), i.e. within the tier's
 size exactly from REPAY_TOKENS tokens on, and at most one sink's bytes over before. It rests on the stream
