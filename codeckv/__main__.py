@@ -1,4 +1,5 @@
-"""Command line: codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size|allocate (python -m codeckv)
+"""Command line: codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size|pca-size|allocate
+(python -m codeckv)
 
 Tables on stdout, progress bars on stderr; CSV, JSON and HTML files under out/ unless --out / --charts
 say where (the README's commands that regenerate the committed CSVs pass --out assets/...).
@@ -425,6 +426,29 @@ def _saved_size(args: argparse.Namespace) -> None:
     print(f"wrote {write_csv(rows, out)}")
 
 
+def _pca_size(args: argparse.Namespace) -> None:
+    from dataclasses import asdict
+
+    from codeckv.measure.pca_size import SIZE_TEXTS, pca_size_table
+    from codeckv.measure.table import format_table, write_csv
+
+    loaded = _load(args)
+    with tqdm(total=len(args.tiers) * len(args.texts or SIZE_TEXTS), desc="pca-size") as bar:
+
+        def progress(message: str) -> None:
+            bar.set_postfix_str(message)
+            bar.update(1)
+
+        rows = [asdict(r) for r in pca_size_table(loaded, args.tiers, args.texts, args.length, args.prefill,
+                                                  progress)]
+    print(format_table(rows, ["tier", "text", "tokens", "archived_tokens", "archive_pct", "chunks_pct", "budget_pct",
+                              "worst_boundary_pct", "mean_step", "skipped_pct"]))
+    print(f"{args.prefill} tokens prefilled, then one at a time up to {args.length}; worst_boundary_pct: the "
+          "largest running share of any layer at a chunk boundary once its sink is paid back")
+    out = args.out or f"out/pca-size-{loaded.info.name.replace('/', '_')}.csv"
+    print(f"wrote {write_csv(rows, out)}")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="codeckv", description=__doc__.splitlines()[0],
                                      epilog="codeckv COMMAND --help: that command's options")
@@ -528,6 +552,15 @@ def _parser() -> argparse.ArgumentParser:
     saved.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
     saved.add_argument("--files", help="folder for the saved cache files (default out/saved-size-<model>)")
     saved.add_argument("--out", help="CSV path (default out/saved-size-<model>.csv)")
+
+    size = command("pca-size", _pca_size, "PCA tiers: bytes vs bf16 and their budget on texts far from calibration")
+    size.add_argument("--tiers", nargs="+", type=_tier_name, default=["pca-8x", "pca-16x", "pca-32x"],
+                      help="PCA tier names (default pca-8x pca-16x pca-32x)")
+    size.add_argument("--texts", nargs="+", default=None,
+                      help="corpus docstrings code numbers multilingual repeated (default: all)")
+    size.add_argument("--length", type=_positive, default=512, help="tokens per text (default 512)")
+    size.add_argument("--prefill", type=_positive, default=384, help="tokens in the first forward (default 384)")
+    size.add_argument("--out", help="CSV path (default out/pca-size-<model>.csv)")
     return parser
 
 

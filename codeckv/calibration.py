@@ -17,8 +17,11 @@ Steps (codecs/pca.py holds the coder they produce):
    A = (F + reg I)^1/2 and the PCA U of the whitened rows A (x - mean): enc = A U, dec = U^T A^-1.
    Squared error on y = (x - mean) enc then approximates the loss increase.
 3. One step for every layer and component, found by bisection so that the entropy of the calibration
-   codes is the tier's bits per element (reverse water-filling); never-nonzero components are dropped.
-4. Entropy tables from the calibration codes (codecs/ans.py).
+   codes is the tier's bits per element (reverse water-filling): the centre of the rate control's ladder
+   (codecs/rate.py); components that stay 0 at the ladder's finest step are dropped.
+4. Entropy tables (codecs/ans.py): a component's class is its mean |y| in steps, in quarter octaves, so one
+   rung coarser is one class down; each class's model is the histogram of the calibration codes of every
+   component and rung in that class (a layer's models are shared by its components and rungs).
 """
 
 from __future__ import annotations
@@ -36,15 +39,17 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DynamicL
 
 from codeckv.codecs.ans import EntropyTable
 from codeckv.codecs.pca import JointPCA, LayerCoder, ecsq
+from codeckv.codecs.rate import LADDER, RUNGS_PER_OCTAVE, ladder_steps
 from codeckv.corpus import corpus_text
 from codeckv.rope import Rope
 from codeckv.schedule import tiers_used
 from codeckv.tiers import Tier, as_tier
 
-VERSION = 1  # bump when the calibration recipe or the saved format changes: old files are then ignored
+VERSION = 2  # bump when the calibration recipe or the saved format changes: old files are then ignored
 SKIP = 4  # leading positions of every calibration window left out of the statistics (attention sinks)
 FISHER_REG = 1e-2  # F + FISHER_REG * mean(diag F) * I before its square root
 BATCH = 4  # calibration windows per forward + backward
+TABLE_SUBSAMPLE = 4  # the entropy tables histogram every 4th calibration row, at each of the 16 rungs
 
 
 @dataclass
@@ -154,15 +159,20 @@ def _calibrate(model, ids: torch.Tensor, spec: JointPCA, name: str) -> Calibrati
     rows, grads = _capture(model, ids, rope)
     whitened = {index: _whitened_pca(rows[index], grads[index]) for index in rows}
     step = _water_level({i: y for i, (_, _, _, y) in whitened.items()}, spec.bits_per_element)
+    step = _recentred(whitened, step, spec.bits_per_element)
     coders, bits, elements = {}, 0.0, 0
     for index, (mean, enc, dec, y) in whitened.items():
-        codes = ecsq(y, step)
-        kept = (codes != 0).any(0)
+        kept = (ecsq(y, float(ladder_steps(step)[0])) != 0).any(0)
         kept[0] = True  # at least one component per layer
-        table = EntropyTable.fit(codes[:, kept])
-        component_bits = table.bits(codes[:, kept]) / codes.shape[0]  # (r,) bits per token
-        bits += float(component_bits.sum()) * codes.shape[0]
-        elements += y.numel()
+        y = y[:, kept]
+        classes, counts = _class_counts(y[::TABLE_SUBSAMPLE], step)
+        table = EntropyTable.from_counts(counts.sum(0), classes)
+        limit = (counts.shape[2] - 3) // 2
+        codes = ecsq(y, step).clamp_(-limit - 1, limit + 1).long() + limit + 1  # the calibrated step's
+        per_code = table.code_bits(limit).double()  # (K, 2 limit + 3)
+        component_bits = per_code[classes, codes].sum(0) / y.shape[0]  # (r,) bits per token
+        bits += float(component_bits.sum()) * y.shape[0]
+        elements += y.shape[0] * mean.numel()
         coders[index] = LayerCoder(
             mean, enc[:, kept].contiguous(), dec[kept].contiguous(), step, table, config.num_key_value_heads,
             rope.head_dim, rope, spec.sink_tokens, component_bits.float(),
@@ -235,6 +245,35 @@ def _whitened_pca(x: torch.Tensor, g: torch.Tensor):
     _, u = _eigh(root @ cov @ root)
     enc, dec = (root @ u).float(), (u.T @ inverse_root).float()
     return mean.float(), enc, dec, centred @ enc
+
+
+def _recentred(whitened: dict, step: float, bits_per_element: float) -> float:
+    """The rung of the ladder around `step` whose code length under the class tables (what the coder spends,
+    not the plug-in entropy, which short calibrations underestimate) is nearest bits_per_element."""
+    bits, elements = torch.zeros(len(LADDER), dtype=torch.float64), 0
+    for mean, _, _, y in whitened.values():
+        y = y[:, (ecsq(y, float(ladder_steps(step)[0])) != 0).any(0)]
+        classes, counts = _class_counts(y[::TABLE_SUBSAMPLE], step)
+        table = EntropyTable.from_counts(counts.sum(0), classes)
+        bits += (counts.double() * table.code_bits((counts.shape[2] - 3) // 2).double()).sum((1, 2))
+        elements += y[::TABLE_SUBSAMPLE].shape[0] * mean.numel()
+    rate = bits / elements
+    return float(ladder_steps(step)[int((rate.log() - math.log(bits_per_element)).abs().argmin())])
+
+
+def _class_counts(y: torch.Tensor, step: float, limit: int = 255) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, r) calibration components and the calibrated step -> each component's class (r,) and, per rung, the
+    (rungs, K, 2 limit + 3) histograms of the codes of each class (module docstring, 4)."""
+    scale = y.abs().mean(0).clamp_min(1e-30) / step  # (r,) mean |y| in steps
+    base = torch.round(RUNGS_PER_OCTAVE * torch.log2(scale)).long()
+    classes = base - base.min() + max(LADDER)  # every rung's class (classes - rung) is >= 0
+    count = int(classes.max()) - min(LADDER) + 1
+    width = 2 * limit + 3
+    counts = torch.zeros(len(LADDER), count * width, dtype=torch.long)
+    for j, (shift, rung_step) in enumerate(zip(LADDER, ladder_steps(step).tolist())):
+        q = ecsq(y, rung_step).clamp_(-limit - 1, limit + 1).long() + limit + 1
+        counts[j] = torch.bincount((q + (classes - shift) * width).reshape(-1), minlength=count * width)
+    return classes, counts.view(len(LADDER), count, width)
 
 
 def _entropy_bits(codes: torch.Tensor) -> float:

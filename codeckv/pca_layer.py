@@ -20,7 +20,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from codeckv.codecs.base import Encoded
-from codeckv.codecs.pca import Chunk, LayerCoder
+from codeckv.codecs.pca import Chunk, LayerCoder, spent
 from codeckv.layers import MIN_ARCHIVE_TOKENS, CodecLayer, RawTokens
 from codeckv.tiers import Tier
 
@@ -54,7 +54,8 @@ class PCALayer(CodecLayer):
             return
         start = self.archived_upto
         keys, values = self._span(count)
-        chunks, decoded = self.coder.archive(keys, values, start, self.unit)
+        budget = self.coder.budget(self.tier.joint.bits_per_element, keys.shape[0])
+        chunks, decoded = self.coder.archive(keys, values, start, self.unit, budget, spent(self.chunks, self.unit))
         self.chunks += chunks
         self._view_k[:, :, start : start + count], self._view_v[:, :, start : start + count] = decoded
         self.archived_upto += count
@@ -70,13 +71,14 @@ class PCALayer(CodecLayer):
         """Chunks are exact-size byte strings already."""
 
     def _archive_tensors(self) -> dict[str, torch.Tensor]:
-        """The chunks' streams end to end (uint8), their lengths (int32), and each sink chunk's coded sink tokens."""
+        """The chunks' streams end to end (uint8), their lengths (int32) and rungs (uint8), each sink chunk's sink."""
         if not self.chunks:
             return {}
         streams = bytearray(b"".join(chunk.stream for chunk in self.chunks))
         tensors = {
             "streams": torch.frombuffer(streams, dtype=torch.uint8) if streams else torch.empty(0, dtype=torch.uint8),
             "stream_lengths": torch.tensor([len(chunk.stream) for chunk in self.chunks], dtype=torch.int32),
+            "rungs": torch.tensor([chunk.rung for chunk in self.chunks], dtype=torch.uint8),
         }
         for j, chunk in enumerate(self.chunks):
             if chunk.sink:
@@ -88,6 +90,7 @@ class PCALayer(CodecLayer):
         """The chunks back from _archive_tensors (sink chunks: those whose rows start below the coder's sink_tokens)."""
         count = max(self.archived_upto - self.tier.keep_first, 0) // self.unit
         lengths = tensors["stream_lengths"].tolist() if count else []
+        rungs = tensors["rungs"].tolist() if count else []
         data = tensors["streams"].numpy().tobytes() if count else b""
         self.chunks, offset = [], 0
         for j, length in enumerate(lengths):
@@ -99,7 +102,7 @@ class PCALayer(CodecLayer):
                             (like.shape[0], like.shape[1], rows, like.shape[3]), like.dtype)
                     for side, like in (("keys", rest.sink_keys), ("values", rest.sink_values))
                 )
-            self.chunks.append(Chunk(data[offset : offset + length], sink))
+            self.chunks.append(Chunk(data[offset : offset + length], rungs[j], sink))
             offset += length
 
     @torch.inference_mode()

@@ -4,8 +4,9 @@
     saved = load_cache("chat.kvc", loaded)          # SavedCache: .cache (a CodecCache at rest), .token_ids, .header
     loaded.model(next_ids, cache=saved.cache)       # goes on exactly as the cache that was saved would have
 
-Format "codeckv-cache", version 2 (version 1, without per-layer schedules, still loads). The safetensors
-metadata holds one key, "codeckv", a JSON object:
+Format "codeckv-cache", version 2 (version 1, before per-layer schedules and PCA rate control, still loads
+its non-PCA caches; its PCA caches were coded with calibrations that no longer exist, which the calibration
+digest refuses). The safetensors metadata holds one key, "codeckv", a JSON object:
 
     format, version       "codeckv-cache", 2
     tier                  the tier as data, enough to rebuild it exactly (presets, custom_tier, keep_first /
@@ -25,12 +26,12 @@ metadata holds one key, "codeckv", a JSON object:
     extra                 an application's own JSON (the Chat: the conversation's exchanges), or null
 
 Tensors: "token_ids" (B, T) int32, and per layer kind each tensor a layer exports (CodecLayer.export_state: the
-raw sinks and tail, the archive's code tensors or PCA streams; a sliding layer: its window's keys and values)
-stacked over the layers of that kind on a new first axis, as "codec.<name>" / "sliding.<name>" (a 1-D
-variable-length one, concatenated). The codec layers of a schedule are stacked per tier, in the order the
-tiers first appear in the model's layers: "codec.<name>" for the first, "codec1.<name>", "codec2.<name>", ...
-So a file is the cache's held bytes at rest (archive + raw tokens) plus the
-token ids and a header of a few KiB (`python -m codeckv saved-size` measures it per tier).
+raw sinks and tail, the archive's code tensors or PCA streams, their lengths and rungs; a sliding layer: its
+window's keys and values) stacked over the layers of that kind on a new first axis, as "codec.<name>" /
+"sliding.<name>" (a 1-D variable-length one, concatenated). The codec layers of a schedule are stacked per tier,
+in the order the tiers first appear in the model's layers: "codec.<name>" for the first, "codec1.<name>",
+"codec2.<name>", ... So a file is the cache's held bytes at rest (archive + raw tokens) plus the token ids and a
+header of a few KiB (`python -m codeckv saved-size` measures it per tier).
 
 Loading checks everything it can before it reads a tensor: the file size (max_bytes), the safetensors header
 (every offset inside the file, nothing missing at its end), the JSON, format and version, the tier (rebuilt from
@@ -57,6 +58,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from codeckv.codecs import DCT, Cast, Delta, GroupQuant, LloydMaxQuant, Rotation
 from codeckv.codecs.pca import SINK_CODEC, JointPCA
+from codeckv.codecs.rate import SKIP
 from codeckv.layers import CodecLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
@@ -64,8 +66,8 @@ from codeckv.schedule import tiers_used
 from codeckv.tiers import Tier
 
 FORMAT = "codeckv-cache"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1: no per-layer schedules
+VERSION = 2  # 2: per-layer schedules; PCA chunks carry their rate-control rung ("rungs")
+READABLE_VERSIONS = (1, 2)
 MAX_FILE_BYTES = 512 << 20  # load_cache's default cap: an 8k-token lossless (png) cache of smollm2-135m fits
 MAX_HEADER_BYTES = 8 << 20  # the safetensors JSON header (the Chat's conversation text included)
 CODECS = {cls.__name__: cls for cls in (Cast, DCT, Delta, GroupQuant, LloydMaxQuant, Rotation)}
@@ -492,6 +494,7 @@ def _expected_per_layer(layer, c: dict, b: int, h: int, d: int, dtype) -> dict:
     if archived > 0 and isinstance(layer, PCALayer):
         chunks = archived // layer.unit
         per_layer["stream_lengths"] = (torch.int32, (chunks,))
+        per_layer["rungs"] = (torch.uint8, (chunks,))
         per_layer["streams"] = (torch.uint8, None)  # variable length: one length per layer in splits
         for j in range(chunks):
             rows = min(max(layer.coder.sink_tokens - keep_first - j * layer.unit, 0), layer.unit)
@@ -560,6 +563,10 @@ def _fill(cache, counts: list[dict], groups: list[str], tensors: dict, splits: d
             lengths = mine.get("stream_lengths")
             if lengths is not None and (int(lengths.min()) < 0 or int(lengths.long().sum()) != mine["streams"].numel()):
                 raise SavedCacheError("a layer's stream lengths disagree with its streams (the file is corrupted)")
+            rungs = mine.get("rungs")
+            if rungs is not None and (int(rungs.max()) > SKIP or bool(((rungs == SKIP) & (lengths != 0)).any())):
+                raise SavedCacheError(f"a layer's chunk rungs are not 0..{SKIP} with no stream at {SKIP} "
+                                      "(the file is corrupted)")
             layer.load_state(mine, c)
         else:
             layer.lazy_initialization(mine["keys"], mine["values"])

@@ -107,15 +107,15 @@ def _turbo(name: str, key_bits: int, value_bits: int, max_rel_error: float) -> T
 
 
 def _pca(name: str, bits_per_element: float) -> Tier:
-    """Joint K+V PCA per layer, keys without RoPE, Fisher-whitened, one ECSQ step, ANS-coded (codecs/pca.py).
+    """Joint K+V PCA per layer, keys without RoPE, Fisher-whitened, ECSQ, ANS-coded (codecs/pca.py).
 
-    The bit budgets put the tiers under 1/8 and 1/16 of a bf16 cache all-in at the 512-token quality
-    protocol (the first token coded apart in 8 bits, the raw tail of an incomplete chunk included).
+    bits_per_element is the budget the rate control keeps on any text (codecs/rate.py): everything the
+    archive stores, per K/V element; 2, 1 and 0.5 bits are 1/8, 1/16 and 1/32 of a bf16 cache.
     """
     return Tier(
         name,
-        f"Joint K+V PCA per layer (keys de-rotated, Fisher-whitened), ~{bits_per_element:g} bits/element "
-        "entropy-coded (ANS); calibrated per model",
+        f"Joint K+V PCA per layer (keys de-rotated, Fisher-whitened), {bits_per_element:g} bits/element "
+        "entropy-coded (ANS), step per chunk within the budget; calibrated per model",
         joint=JointPCA(bits_per_element=bits_per_element),
     )
 
@@ -179,8 +179,9 @@ TIERS: dict[str, Tier] = _tiers(
     _turbo("turbo-4", key_bits=4, value_bits=4, max_rel_error=0.09),
     _turbo("turbo-3", key_bits=3, value_bits=3, max_rel_error=0.18),
     _turbo("turbo-k4v2", key_bits=4, value_bits=2, max_rel_error=0.35),
-    _pca("pca-8x", 1.5),
-    _pca("pca-16x", 0.8),
+    _pca("pca-8x", 2.0),
+    _pca("pca-16x", 1.0),
+    _pca("pca-32x", 0.5),
 )
 
 

@@ -13,6 +13,7 @@ import codeckv.calibration as calibration
 from codeckv.cache import CodecCache, make_cache
 from codeckv.codecs.ans import DECODE_VECTORIZED, ENCODE_VECTORIZED, LENGTH_BYTES, EntropyTable
 from codeckv.codecs.pca import JointPCA
+from codeckv.codecs.rate import HEADER_BYTES, LADDER, SKIP
 from codeckv.pca_layer import PCALayer
 from codeckv.rope import Rope
 from codeckv.tiers import TIERS, Tier
@@ -97,7 +98,7 @@ def test_layer_coder_error_falls_with_bits_and_is_small_at_high_bits(tiny_model,
     with torch.inference_mode():
         model(ids[:1], cache=cache)
     k, v = cache.layers[2].keys, cache.layers[2].values  # (1, 1, 64, 64) post-RoPE, as the cache sees them
-    k_hat, v_hat = coder.decode(coder.encode(k, v, 0, 8), 0, 8, 1, k.dtype)
+    k_hat, v_hat = coder.decode(coder.encode(k, v, 0, 8, coder.budget(bits, 1)), 0, 8, 1, k.dtype)
     error = float(torch.cat([k_hat - k, v_hat - v]).norm() / torch.cat([k, v]).norm())
     bound = {1.0: 0.6, 4.0: 0.1, 8.0: 0.01}[bits]
     assert error <= bound, f"{bits} bits/element: relative error {error:.4f} > {bound}"
@@ -111,7 +112,8 @@ def test_pca_layer_holds_exactly_the_bytes_it_counts(tiny_model):
     layer.flush()
     fp = layer.footprint(2)
     assert fp.archived_tokens == 40 and len(layer.chunks) == 5 and fp.tail_tokens == 5
-    stored = sum(len(c.stream) + LENGTH_BYTES + (sum(e.nbytes for e in c.sink) if c.sink else 0) for c in layer.chunks)
+    stored = sum(len(c.stream) + LENGTH_BYTES + HEADER_BYTES + (sum(e.nbytes for e in c.sink) if c.sink else 0)
+                 for c in layer.chunks)
     assert fp.code_bytes == stored and fp.archive_bytes == stored + 5 * 2 * 64 * 4
     assert layer.chunks[0].sink is not None and layer.chunks[1].sink is None, "position 0 is coded apart"
     k_hat, v_hat = layer.coder.decode(layer.chunks, 0, 8, 1, k.dtype)
@@ -132,9 +134,13 @@ def test_a_long_flush_stores_the_bytes_of_chunk_by_chunk_coding_and_views_what_t
     layer.update(k, v)
     layer.flush()
     assert len(layer.chunks) == tokens // 8
-    codes = layer.coder.quantize(k[:, :, :tokens], v[:, :, :tokens], 0)  # (B, tokens, r)
-    rows = [codes[:, max(i, 1) : i + 8].reshape(-1, layer.coder.kept) for i in range(0, tokens, 8)]  # 0: a sink
-    alone = [layer.coder.table.encode(r) for r in rows]
+    coder = layer.coder
+    y = coder.project(k[:, :, :tokens], v[:, :, :tokens], 0)  # (B, tokens, r)
+    alone = []
+    for chunk, i in zip(layer.chunks, range(0, tokens, 8)):
+        codes = coder.quantize(y[:, max(i, 1) : i + 8], coder.steps[chunk.rung])  # position 0: a sink
+        alone.append(b"" if chunk.rung == SKIP else coder.table.encode(codes.reshape(-1, coder.kept),
+                                                                       LADDER[chunk.rung]))
     assert [c.stream for c in layer.chunks] == alone
     k_hat, v_hat = layer.coder.decode(layer.chunks, 0, 8, batch, k.dtype)
     assert torch.equal(layer.keys[:, :, :tokens], k_hat) and torch.equal(layer.values[:, :, :tokens], v_hat)

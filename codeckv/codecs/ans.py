@@ -1,29 +1,34 @@
 """Entropy coding of integer codes with static, calibrated tables: one rANS stream per archived chunk.
 
     table = EntropyTable.fit(calibration_codes)        # (N, r) int codes -> one categorical model per column
-    stream = table.encode(codes)                       # (m, r) int codes -> bytes (what the archive holds)
-    streams = table.encode_many([codes, ...])          # many chunks at once: the same bytes, vectorized
-    codes = table.decode(stream, m)                    # the exact (m, r) codes back
-    codes = table.decode_many(streams, [m, ...])       # many at once
+    table = EntropyTable.from_counts(counts, classes)  # or models shared by classes of columns (codecs/pca.py)
+    stream = table.encode(codes, shift)                # (m, r) int codes -> bytes (what the archive holds)
+    streams = table.encode_many([codes, ...], shifts)  # many chunks at once: the same bytes, vectorized
+    codes = table.decode(stream, m, shift)             # the exact (m, r) codes back
+    codes = table.decode_many(streams, [m, ...], shifts)
 
-Column i codes symbols q + M_i for q in [-M_i, M_i] (M_i: a high quantile of |q_i| on calibration) and
-one escape symbol for anything outside, followed by the value itself in 16 bits. The coder is
-`constriction`'s stack-based ANS (Duda 2013): within a few bytes of the ideal code length
--log2 p(codes) per chunk. The tables are calibration constants, stored with the basis, not per chunk.
+A table holds K categorical models and the class of each of its r columns: column i of a stream coded
+with shift s uses model classes[i] - s (the PCA coder's quantizer ladder: a step 2^(1/4) coarser moves
+every column one class down, codecs/pca.py). Model k codes symbols q + M_k for q in [-M_k, M_k] (M_k: a
+high quantile of |q| on calibration) and one escape symbol for anything outside, followed by the value
+itself in 16 bits. The coder is `constriction`'s stack-based ANS (Duda 2013): within a few bytes of the
+ideal code length -log2 p(codes) per chunk. The tables are calibration constants, stored with the basis.
 
+A stream holds its symbols class by class (stable within a class: row by row, column by column), so the
+constriction path codes each class's run with one fixed model, and the order does not depend on the shift.
 encode_many writes the very bytes constriction writes, with the coder's arithmetic in numpy across
 streams instead of one call per stream: the symbols' fixed-point cumulatives and frequencies are those of
-constriction's lazy categorical model (`perfect=False`: float32 prefix sums scaled to 2^24 - n, plus one
+constriction's categorical model (`perfect=False`: float32 prefix sums scaled to 2^24 - n, plus one
 count per symbol), computed once per table, and each step of the rANS stack coder (32-bit words, 64-bit
-state) runs over every stream at once. A chunk of 8 tokens of smollm2-135m holds 8 x 212-376 symbols (the
-components its layer keeps), so a long prompt's hundreds of chunks per layer cost some 3,000 numpy steps
-instead of hundreds of constriction calls that each rebuild a model per symbol. Streams stay independent:
-each still decodes on its own. decode_many is the same in reverse (the symbol of a quantile: a binary
-search in the column's cumulatives).
+state) runs over every stream at once, each stream with its own shift. A chunk of 8 tokens of smollm2-135m
+holds 8 x 212-384 symbols, so a long prompt's hundreds of chunks per layer cost some 3,000 numpy steps
+instead of hundreds of constriction calls. Streams stay independent: each still decodes on its own.
+decode_many is the same in reverse (the symbol of a quantile: a binary search in the model's cumulatives).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import constriction
@@ -35,91 +40,165 @@ LENGTH_BYTES = 4  # every stored stream carries its length (counted in nbytes)
 PRECISION = 24  # constriction's default ANS coder: 24-bit probabilities, 32-bit words, 64-bit state
 WORD_BITS = 32
 ESCAPE_FREQUENCY = (1 << PRECISION) // ESCAPE_RANGE  # the Uniform(ESCAPE_RANGE) model: every value 2^24 / 2^16
+STREAM_SLACK_BYTES = 8  # a stream is at most this much longer than ceil(ideal bits / 8): its final 64-bit state
 # From how many streams of one length on encode_many / decode_many take the numpy coder: one numpy step per
 # symbol costs about as much for 16 streams as for 128, so few streams go through constriction. Measured on
 # chunks of smollm2-135m (354 components): encoding 64 chunks took 0.60 s with constriction and 0.50 s in
 # numpy, 128 chunks 1.36 s and 0.58 s; decoding 128 chunks 0.78 s and 1.23 s (a loaded 2-core CPU).
 ENCODE_VECTORIZED = 48
 DECODE_VECTORIZED = 160
-_CATEGORICAL = constriction.stream.model.Categorical(perfect=False)
 _ESCAPED = constriction.stream.model.Uniform(ESCAPE_RANGE)
 
 
 @dataclass
-class EntropyTable:
-    """One categorical model per column: probs (r, n), offset (r,) = M_i (symbol q + M_i, escape 2 M_i + 1)."""
+class _Order:
+    """The class-major order of the m x r symbols of a stream: positions, their base classes, class runs."""
 
-    probs: torch.Tensor  # (r, n) float32, rows sum to 1, zero past each row's escape symbol
-    offset: torch.Tensor  # (r,) int64
-    _tiled: dict = field(default_factory=dict, repr=False, compare=False)  # m -> (m * r, n) probs, reused per chunk
-    _fixed: tuple | None = field(default=None, repr=False, compare=False)  # (cumulative, frequency) (r, n) uint64
+    order: np.ndarray  # (L,) flat position (row * r + column) of the t-th symbol
+    classes: np.ndarray  # (L,) int64 base class of the t-th symbol
+    runs: list[tuple[int, int, int]]  # (base class, first, end) of each run of equal class
+
+
+@dataclass
+class EntropyTable:
+    """K categorical models, probs (K, n) and offset (K,) = M_k, and classes (r,): each column's model at shift 0."""
+
+    probs: torch.Tensor  # (K, n) float32, rows sum to 1, zero past each row's escape symbol
+    offset: torch.Tensor  # (K,) int64
+    classes: torch.Tensor  # (r,) int64
+    _orders: dict = field(default_factory=dict, repr=False, compare=False)  # rows -> _Order
+    _fixed: tuple | None = field(default=None, repr=False, compare=False)  # (cumulative, frequency) (K, n) uint64
+    _models: dict = field(default_factory=dict, repr=False, compare=False)  # class -> constriction model
 
     @classmethod
     def fit(cls, codes: torch.Tensor, coverage: float = 0.9999, max_abs: int = 255, alpha: float = 0.5) -> EntropyTable:
-        """Histogram (N, r) calibration codes into tables: M_i = the `coverage` quantile of |q_i| (1..max_abs).
-
-        alpha: add-alpha smoothing, so a code never seen in calibration still costs finitely many bits.
-        """
+        """Histogram (N, r) calibration codes into one model per column (class i = column i)."""
         codes = codes.long()
         r = codes.shape[1]
-        m = torch.quantile(codes.abs().float(), coverage, dim=0).ceil().long().clamp(1, max_abs)  # (r,)
+        index = (codes.clamp(-max_abs - 1, max_abs + 1) + max_abs + 1) + torch.arange(r) * (2 * max_abs + 3)
+        counts = torch.bincount(index.reshape(-1), minlength=r * (2 * max_abs + 3)).view(r, -1)
+        return cls.from_counts(counts, torch.arange(r), coverage, alpha)
+
+    @classmethod
+    def from_counts(cls, counts: torch.Tensor, classes: torch.Tensor, coverage: float = 0.9999,
+                    alpha: float = 0.5) -> EntropyTable:
+        """Models from (K, 2 A + 3) histograms of q in [-A - 1, A + 1] (the ends: |q| > A), and each column's class.
+
+        M_k = the `coverage` quantile of |q| in class k (1..A); add-alpha smoothing, so a code never seen in
+        calibration still costs finitely many bits.
+        """
+        counts = counts.double()
+        k, width = counts.shape
+        limit = (width - 3) // 2
+        centre = limit + 1
+        magnitude = counts[:, centre:].clone()  # (K, A + 2): |q| = 0 .. A + 1
+        magnitude[:, 1:] += counts[:, :centre].flip(1)
+        share = magnitude.cumsum(1) / magnitude.sum(1, keepdim=True).clamp_min(1)
+        m = ((share < coverage).sum(1)).clamp(1, limit)  # (K,) the smallest M covering `coverage`
         n = int(2 * m.max() + 2)
-        symbols = torch.where(codes.abs() <= m, codes + m, 2 * m + 1)  # (N, r); 2M + 1 = escape
-        counts = torch.bincount((symbols + torch.arange(r) * n).reshape(-1), minlength=r * n).view(r, n).double()
-        valid = torch.arange(n)[None, :] <= 2 * m[:, None] + 1  # (r, n): the symbols of each column
-        probs = (counts + alpha) * valid
-        return cls((probs / probs.sum(1, keepdim=True)).float(), m)
+        q = torch.arange(n)[None, :] - m[:, None]  # (K, n): the code of each symbol (2M + 1: the escape)
+        inside = q <= m[:, None]
+        seen = counts.gather(1, (q.clamp(-limit - 1, limit + 1) + centre).clamp(0, width - 1)) * inside
+        escape = counts.sum(1) - seen.sum(1)
+        probs = torch.where(inside, seen + alpha, torch.zeros(()))
+        probs[torch.arange(k), 2 * m + 1] = escape + alpha
+        return cls((probs / probs.sum(1, keepdim=True)).float(), m, classes.long())
 
     @property
     def columns(self) -> int:
-        return self.probs.shape[0]
+        return self.classes.numel()
 
-    def bits(self, codes: torch.Tensor) -> torch.Tensor:
-        """Ideal code length in bits of each column of (m, r) codes under this table, escapes included -> (r,)."""
+    def __deepcopy__(self, memo: dict) -> EntropyTable:
+        """A copy of the tables, without what is memoized (constriction's models cannot be copied; rebuilt lazily)."""
+        return EntropyTable(*(copy.deepcopy(t, memo) for t in (self.probs, self.offset, self.classes)))
+
+    def _check(self, shift: int) -> None:
+        """Raise ValueError unless every column has a model at this shift."""
+        low, high = int(self.classes.min()) - shift, int(self.classes.max()) - shift
+        if low < 0 or high >= self.probs.shape[0]:
+            raise ValueError(f"shift {shift} takes columns to classes {low}..{high} "
+                             f"(allowed: 0..{self.probs.shape[0] - 1})")
+
+    def symbols(self, codes: torch.Tensor, shift: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(..., r) codes -> their (..., r) classes at `shift` and symbols (2 M + 1 = escape)."""
+        classes = (self.classes - shift).expand_as(codes)
+        m = self.offset[classes]
         codes = codes.long()
-        m = self.offset
-        symbols = torch.where(codes.abs() <= m, codes + m, 2 * m + 1)
-        p = self.probs.double().gather(1, symbols.T).T  # (m, r)
-        escape = (codes.abs() > m).double() * np.log2(ESCAPE_RANGE)
+        return classes, torch.where(codes.abs() <= m, codes + m, 2 * m + 1)
+
+    def bits(self, codes: torch.Tensor, shift: int = 0) -> torch.Tensor:
+        """Ideal code length in bits of each column of (m, r) codes under this table, escapes included -> (r,)."""
+        classes, symbols = self.symbols(codes, shift)
+        p = self.probs.double()[classes, symbols]
+        escape = (codes.long().abs() > self.offset[classes]).double() * np.log2(ESCAPE_RANGE)
         return (-torch.log2(p) + escape).sum(0)
 
-    def _probs_for(self, rows: int) -> np.ndarray:
-        """The (rows * r, n) float32 probabilities of `rows` consecutive code rows (memoized by rows)."""
-        if rows not in self._tiled:
-            self._tiled[rows] = np.tile(self.probs.numpy(), (rows, 1))
-        return self._tiled[rows]
+    def code_bits(self, limit: int = 255) -> torch.Tensor:
+        """(K, 2 limit + 3) float32: the bits the coder spends on each code q in [-limit - 1, limit + 1] under each
+        model, from its fixed-point frequencies (an escape: the escape symbol + 16 bits; |q| > limit: escaped)."""
+        _, frequency = self._fixed_point()
+        cost = torch.from_numpy(PRECISION - np.log2(np.maximum(frequency, 1).astype(np.float64)))  # (K, n)
+        q = torch.arange(-limit - 1, limit + 2)[None, :]
+        m = self.offset[:, None]
+        symbols = torch.where(q.abs() <= m, q + m, 2 * m + 1)
+        return (cost.gather(1, symbols) + (q.abs() > m) * np.log2(ESCAPE_RANGE)).float()
 
-    def encode(self, codes: torch.Tensor) -> bytes:
-        """(m, r) integer codes -> one ANS stream."""
-        flat = codes.reshape(-1).long().numpy()
-        offset = np.tile(self.offset.numpy(), codes.shape[0])
+    def _order(self, rows: int) -> _Order:
+        """The class-major symbol order of a stream of `rows` code rows (memoized by rows; shift-free)."""
+        if rows not in self._orders:
+            base = np.tile(self.classes.numpy(), rows)
+            order = np.argsort(base, kind="stable")
+            classes = base[order]
+            bounds = np.flatnonzero(np.diff(classes)) + 1
+            starts, ends = np.concatenate([[0], bounds]), np.concatenate([bounds, [classes.size]])
+            runs = [(int(classes[a]), int(a), int(b)) for a, b in zip(starts, ends)]
+            self._orders[rows] = _Order(order, classes, runs)
+        return self._orders[rows]
+
+    def _model(self, k: int):
+        """Constriction's categorical model of class k (memoized)."""
+        if k not in self._models:
+            self._models[k] = constriction.stream.model.Categorical(self.probs[k].numpy(), perfect=False)
+        return self._models[k]
+
+    def encode(self, codes: torch.Tensor, shift: int = 0) -> bytes:
+        """(m, r) integer codes -> one ANS stream (column i coded with model classes[i] - shift)."""
+        self._check(shift)
+        order = self._order(codes.shape[0])
+        flat = codes.reshape(-1).long().numpy()[order.order]
+        offset = self.offset.numpy()[order.classes - shift]
         outside = np.abs(flat) > offset
         symbols = np.where(outside, 2 * offset + 1, flat + offset).astype(np.int32)
         coder = constriction.stream.stack.AnsCoder()
         escaped = np.clip(flat[outside] + ESCAPE_RANGE // 2, 0, ESCAPE_RANGE - 1).astype(np.int32)
         if escaped.size:
             coder.encode_reverse(escaped, _ESCAPED)  # decoded after the symbols (a stack)
-        coder.encode_reverse(symbols, _CATEGORICAL, self._probs_for(codes.shape[0]))
+        for k, first, end in reversed(order.runs):  # the last run first: decoding reads the first run first
+            coder.encode_reverse(symbols[first:end], self._model(k - shift))
         return coder.get_compressed().tobytes()
 
-    def encode_many(self, chunks: list[torch.Tensor]) -> list[bytes]:
+    def encode_many(self, chunks: list[torch.Tensor], shifts: list[int] | None = None) -> list[bytes]:
         """Many (m_i, r) integer code arrays -> one ANS stream each, byte for byte what encode() writes for each."""
+        shifts = [0] * len(chunks) if shifts is None else shifts
         streams: list[bytes | None] = [None] * len(chunks)
         by_rows: dict[int, list[int]] = {}
         for i, codes in enumerate(chunks):
             by_rows.setdefault(codes.shape[0], []).append(i)
-        for members in by_rows.values():
+        for rows, members in by_rows.items():
             if len(members) < ENCODE_VECTORIZED:
                 for i in members:
-                    streams[i] = self.encode(chunks[i])
+                    streams[i] = self.encode(chunks[i], shifts[i])
                 continue
+            for shift in {shifts[i] for i in members}:
+                self._check(shift)
             codes = torch.stack([chunks[i] for i in members]).reshape(len(members), -1).long().numpy()
-            for i, stream in zip(members, self._encode_streams(codes)):
+            shift = np.array([shifts[i] for i in members], dtype=np.int64)
+            for i, stream in zip(members, self._encode_streams(codes, rows, shift)):
                 streams[i] = stream
         return streams
 
     def _fixed_point(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per column and symbol, the (r, n) uint64 cumulative and frequency constriction's lazy model gives them."""
+        """Per model and symbol, the (K, n) uint64 cumulative and frequency constriction's model gives them."""
         if self._fixed is None:
             p = self.probs.numpy()
             n = p.shape[1]
@@ -133,25 +212,27 @@ class EntropyTable:
             self._fixed = (low, high - low)
         return self._fixed
 
-    def _encode_streams(self, codes: np.ndarray) -> list[bytes]:
-        """(S, m * r) int64 codes, one stream per row -> S ANS streams (vectorized encode: module docstring)."""
+    def _encode_streams(self, codes: np.ndarray, rows: int, shift: np.ndarray) -> list[bytes]:
+        """(S, m * r) int64 codes, one stream per row, each at its shift -> S ANS streams (module docstring)."""
         count, length = codes.shape
-        offset = np.tile(self.offset.numpy(), length // self.columns)  # (L,)
+        order = self._order(rows)
+        codes = codes[:, order.order]  # class-major
+        classes = order.classes[None, :] - shift[:, None]  # (S, L)
+        offset = self.offset.numpy()[classes]
         outside = np.abs(codes) > offset
         symbols = np.where(outside, 2 * offset + 1, codes + offset)  # (S, L)
-        column = np.arange(length) % self.columns
         # (L, S) uint64 each: step t reads one contiguous row (a column of (S, L) would miss the cache per stream)
-        cumulative, frequency = (table[column[:, None], symbols.T] for table in self._fixed_point())
+        cumulative, frequency = (table[classes.T, symbols.T] for table in self._fixed_point())
         state = np.zeros(count, dtype=np.uint64)
         owners: list[np.ndarray] = []  # the stream of every word written, in the order written
         words: list[np.ndarray] = []
-        rows, places = np.nonzero(outside)  # escaped values: pushed first (a stack), so decoded last
-        if rows.size:
-            escaped = np.clip(codes[rows, places] + ESCAPE_RANGE // 2, 0, ESCAPE_RANGE - 1).astype(np.uint64)
-            rank = np.arange(rows.size) - np.searchsorted(rows, rows)  # index of each escape within its stream
+        streams, places = np.nonzero(outside)  # escaped values: pushed first (a stack), so decoded last
+        if streams.size:
+            escaped = np.clip(codes[streams, places] + ESCAPE_RANGE // 2, 0, ESCAPE_RANGE - 1).astype(np.uint64)
+            rank = np.arange(streams.size) - np.searchsorted(streams, streams)  # index of each escape in its stream
             for k in range(int(rank.max()), -1, -1):
                 pick = rank == k
-                members = rows[pick]
+                members = streams[pick]
                 frequency_k = np.full(members.size, ESCAPE_FREQUENCY, dtype=np.uint64)
                 state[members] = _push(state[members], escaped[pick] * np.uint64(ESCAPE_FREQUENCY), frequency_k,
                                        members, owners, words)
@@ -163,24 +244,31 @@ class EntropyTable:
             owners.append(everyone[keep])
             words.append(word[keep])
         owner = np.concatenate(owners)
-        order = np.argsort(owner, kind="stable")
-        data = np.concatenate(words).astype(np.uint32)[order]
-        bounds = np.searchsorted(owner[order], np.arange(count + 1))
+        rank = np.argsort(owner, kind="stable")
+        data = np.concatenate(words).astype(np.uint32)[rank]
+        bounds = np.searchsorted(owner[rank], np.arange(count + 1))
         return [data[bounds[i] : bounds[i + 1]].tobytes() for i in range(count)]
 
-    def decode(self, stream: bytes, rows: int) -> torch.Tensor:
+    def decode(self, stream: bytes, rows: int, shift: int = 0) -> torch.Tensor:
         """Inverse of encode: one ANS stream -> (rows, r) int32 codes."""
+        self._check(shift)
+        order = self._order(rows)
         coder = constriction.stream.stack.AnsCoder(np.frombuffer(stream, dtype=np.uint32).copy())
-        symbols = coder.decode(_CATEGORICAL, self._probs_for(rows)).astype(np.int64)
-        offset = np.tile(self.offset.numpy(), rows)
+        symbols = np.empty(order.order.size, dtype=np.int64)
+        for k, first, end in order.runs:
+            symbols[first:end] = coder.decode(self._model(k - shift), end - first)
+        offset = self.offset.numpy()[order.classes - shift]
         outside = symbols == 2 * offset + 1
         codes = symbols - offset
         if outside.any():
             codes[outside] = coder.decode(_ESCAPED, int(outside.sum())).astype(np.int64) - ESCAPE_RANGE // 2
-        return torch.from_numpy(codes.astype(np.int32)).view(rows, self.columns)
+        flat = np.empty_like(codes)
+        flat[order.order] = codes
+        return torch.from_numpy(flat.astype(np.int32)).view(rows, self.columns)
 
-    def decode_many(self, streams: list[bytes], rows: list[int]) -> list[torch.Tensor]:
+    def decode_many(self, streams: list[bytes], rows: list[int], shifts: list[int] | None = None) -> list[torch.Tensor]:
         """Inverse of encode_many: streams of rows[i] code rows each -> (rows[i], r) int32 codes, as decode() gives."""
+        shifts = [0] * len(streams) if shifts is None else shifts
         codes: list[torch.Tensor | None] = [None] * len(streams)
         by_rows: dict[int, list[int]] = {}
         for i, count in enumerate(rows):
@@ -188,16 +276,21 @@ class EntropyTable:
         for count, members in by_rows.items():
             if len(members) < DECODE_VECTORIZED:
                 for i in members:
-                    codes[i] = self.decode(streams[i], count)
+                    codes[i] = self.decode(streams[i], count, shifts[i])
                 continue
-            decoded = self._decode_streams([streams[i] for i in members], count * self.columns)
+            for shift in {shifts[i] for i in members}:
+                self._check(shift)
+            shift = np.array([shifts[i] for i in members], dtype=np.int64)
+            decoded = self._decode_streams([streams[i] for i in members], count, shift)
             for i, part in zip(members, decoded):
                 codes[i] = part.view(count, self.columns)
         return codes
 
-    def _decode_streams(self, streams: list[bytes], length: int) -> torch.Tensor:
-        """S ANS streams of `length` symbols each -> (S, length) int32 codes (constriction's decoder, vectorized)."""
+    def _decode_streams(self, streams: list[bytes], rows: int, shift: np.ndarray) -> torch.Tensor:
+        """S ANS streams of `rows` code rows each, at their shifts -> (S, rows * r) int32 codes (vectorized)."""
         count = len(streams)
+        order = self._order(rows)
+        length = order.order.size
         sizes = np.array([len(s) // 4 for s in streams])
         words = np.zeros((count, int(sizes.max()) + 1), dtype=np.uint64)  # a zero column: "no word left"
         for i, stream in enumerate(streams):
@@ -210,39 +303,49 @@ class EntropyTable:
             state = np.where(take, (state << np.uint64(WORD_BITS)) | words[everyone, np.maximum(nxt, 0)], state)
             nxt = nxt - take
         low, frequency = self._fixed_point()
-        column = np.arange(length) % self.columns
+        n = low.shape[1]
+        # Every model's cumulatives in one sorted array: model k's lifted by k * 2^(PRECISION + 1), so one binary
+        # search finds each stream's symbol in its own model.
+        lift = np.arange(low.shape[0], dtype=np.uint64)[:, None] << np.uint64(PRECISION + 1)
+        lifted = (low + lift).ravel()
+        classes = (order.classes[None, :] - shift[:, None]).T  # (L, S)
         symbols = np.empty((length, count), dtype=np.int64)  # (L, S): step t writes one contiguous row
         mask = np.uint64((1 << PRECISION) - 1)
         for t in range(length):
             quantile = state & mask
-            symbol = np.searchsorted(low[column[t]], quantile, side="right") - 1  # the interval holding quantile
+            k = classes[t]
+            place = np.searchsorted(lifted, quantile + (k.astype(np.uint64) << np.uint64(PRECISION + 1)),
+                                    side="right") - 1  # the interval holding quantile
+            symbol = place - k * n
             symbols[t] = symbol
-            state, nxt = _pop(state, quantile, low[column[t], symbol], frequency[column[t], symbol], words, nxt)
+            state, nxt = _pop(state, quantile, low[k, symbol], frequency[k, symbol], words, nxt)
         symbols = symbols.T  # (S, L)
-        offset = np.tile(self.offset.numpy(), length // self.columns)
+        offset = self.offset.numpy()[classes.T]
         outside = symbols == 2 * offset + 1
         codes = symbols - offset
-        rows, places = np.nonzero(outside)  # the escaped values follow the symbols, in order
-        if rows.size:
-            rank = np.arange(rows.size) - np.searchsorted(rows, rows)
+        members_all, places = np.nonzero(outside)  # the escaped values follow the symbols, in order
+        if members_all.size:
+            rank = np.arange(members_all.size) - np.searchsorted(members_all, members_all)
             for k in range(int(rank.max()) + 1):
                 pick = rank == k
-                members = rows[pick]
+                members = members_all[pick]
                 quantile = state[members] & mask
                 value = quantile // np.uint64(ESCAPE_FREQUENCY)
                 state[members], nxt[members] = _pop(
                     state[members], quantile, value * np.uint64(ESCAPE_FREQUENCY),
                     np.full(members.size, ESCAPE_FREQUENCY, dtype=np.uint64), words[members], nxt[members])
                 codes[members, places[pick]] = value.astype(np.int64) - ESCAPE_RANGE // 2
-        return torch.from_numpy(codes.astype(np.int32))
+        flat = np.empty_like(codes)
+        flat[:, order.order] = codes
+        return torch.from_numpy(flat.astype(np.int32))
 
     def state(self) -> dict[str, torch.Tensor]:
         """The tensors to save (torch.save with weights_only loading)."""
-        return {"probs": self.probs, "offset": self.offset}
+        return {"probs": self.probs, "offset": self.offset, "classes": self.classes}
 
     @classmethod
     def from_state(cls, state: dict[str, torch.Tensor]) -> EntropyTable:
-        return cls(state["probs"], state["offset"])
+        return cls(state["probs"], state["offset"], state["classes"])
 
 
 def _push(state: np.ndarray, cumulative: np.ndarray, frequency: np.ndarray, streams: np.ndarray,

@@ -7,40 +7,47 @@ Calibration (codeckv/calibration.py) gives each layer constants, stored with the
     mean   (d,)     calibration mean
     enc    (d, r)   analysis: y = (x - mean) @ enc           Fisher-whitened PCA basis, r components kept
     dec    (r, d)   synthesis: x^ = y^ @ dec + mean          (enc's pseudo-inverse)
-    step            one ECSQ step for every component (reverse water-filling in the whitened domain)
-    table           EntropyTable of the codes (codecs/ans.py)
+    step            the calibrated ECSQ step (reverse water-filling in the whitened domain)
+    table           EntropyTable of the codes (codecs/ans.py): models by class, each component's class
 
-    q = sign(y) * floor(|y| / step + 1/2)       the integer codes (entropy-constrained scalar quantization)
-    y^ = q * step                               components that never leave 0 on calibration are dropped
+    q = sign(y) * floor(|y| / step_j + 1/2)     the integer codes at the chunk's rung j (entropy-constrained SQ)
+    y^ = q * step_j                             components that never leave 0 on calibration are dropped
 
 The basis is whitened by the Fisher information of the loss (E[g g^T] of the gradients w.r.t. K and V),
 so equal squared error in every component means equal expected loss: one step for all components
 is the optimal bit allocation, and the entropy coder turns near-zero components into near-zero bits.
 
-An archived chunk (`unit` tokens) stores one ANS stream of its codes. Tokens at positions below
-`sink_tokens` (the attention sink: an outlier the calibrated basis does not fit) are coded apart
-with 8-bit min/max groups (codecs/quant.py), in the chunk that holds them.
+An archived chunk (`unit` tokens) stores one ANS stream of its codes and its rung: the rate control
+(codecs/rate.py) picks, per chunk, the step of a ladder around the calibrated one that keeps the layer
+within the tier's bits per element on any text. Tokens at positions below `sink_tokens` (the attention
+sink: an outlier the calibrated basis does not fit) are coded apart with 8-bit min/max groups
+(codecs/quant.py), in the chunk that holds them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 
-from codeckv.codecs.ans import ESCAPE_RANGE, LENGTH_BYTES, EntropyTable
+from codeckv.codecs.ans import ESCAPE_RANGE, LENGTH_BYTES, STREAM_SLACK_BYTES, EntropyTable
 from codeckv.codecs.base import Encoded
 from codeckv.codecs.quant import GroupQuant
+from codeckv.codecs.rate import HEADER_BYTES, LADDER, NOTHING, SKIP, RateBudget, Spent, ladder_steps
 from codeckv.rope import Rope
 
 SINK_CODEC = GroupQuant(bits=8, group=32)
+COST_LIMIT = 255  # codes beyond +-COST_LIMIT are estimated at their escape's cost: the models' largest M_k
+ANCHOR_SPACING = 4  # the rate control evaluates every 4th rung for every chunk, then the few its choice needs
+UNKNOWN_BYTES = 1 << 40  # a rung not evaluated for a chunk: never chosen
 
 
 @dataclass(frozen=True)
 class JointPCA:
-    """What a PCA tier asks of calibration: the bit budget and how much calibration text."""
+    """A PCA tier's bit budget (which also centres the calibrated step) and how much calibration text."""
 
-    bits_per_element: float  # mean entropy of the codes per K/V element, on the calibration text
+    bits_per_element: float  # the budget: stored bits per K/V element, everything counted (codecs/rate.py)
     sink_tokens: int = 1  # positions < sink_tokens are coded apart (8-bit groups)
     calibration_windows: int = 8  # calibration text: windows x tokens (codeckv/calibration.py)
     calibration_length: int = 512
@@ -60,17 +67,32 @@ def ecsq(y: torch.Tensor, step: float) -> torch.Tensor:
     return torch.round(y / step).to(torch.int32)
 
 
+def ecsq_rows(y: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """ecsq of (B, S, r) components with one step per row ((S,) steps) or one for all (a 0-d tensor)."""
+    steps = steps[None, :, None] if steps.dim() else steps
+    return torch.round(y / steps).nan_to_num_(0.0).to(torch.int32)
+
+
 @dataclass
 class Chunk:
-    """What the archive holds for one chunk: the ANS stream of its codes, and its sink tokens coded apart."""
+    """What the archive holds for one chunk: its rung, the ANS stream of its codes, its sink tokens coded apart."""
 
     stream: bytes
+    rung: int  # codecs/rate.py: the ladder rung of its step (SKIP: no codes, an empty stream)
     sink: tuple[Encoded, Encoded] | None = None  # keys, values of the chunk's leading sink tokens
 
     @property
+    def sink_bytes(self) -> int:
+        return sum(e.nbytes for e in self.sink) if self.sink else 0
+
+    @property
     def nbytes(self) -> int:
-        sink = sum(e.nbytes for e in self.sink) if self.sink else 0
-        return len(self.stream) + LENGTH_BYTES + sink
+        return len(self.stream) + LENGTH_BYTES + HEADER_BYTES + self.sink_bytes
+
+
+def spent(chunks: list[Chunk], unit: int) -> Spent:
+    """What a layer's chunks hold (codecs/rate.py): their bytes, tokens and sink bytes."""
+    return Spent(sum(c.nbytes for c in chunks), len(chunks) * unit, sum(c.sink_bytes for c in chunks))
 
 
 @dataclass
@@ -87,10 +109,16 @@ class LayerCoder:
     rope: Rope
     sink_tokens: int = 1
     component_bits: torch.Tensor | None = None  # (r,) mean bits per token of each component on calibration
+    _costs: torch.Tensor | None = field(default=None, repr=False, compare=False)  # table.cost_bits(), flat
 
     @property
     def kept(self) -> int:
         return self.enc.shape[1]
+
+    @property
+    def steps(self) -> torch.Tensor:
+        """(SKIP + 1,) the step of every rung (codecs/rate.py)."""
+        return ladder_steps(self.step)
 
     def rows(self, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
         """Keys (RoPE removed) and values (B, H, S, D) at positions start.. -> (B, S, d) float32 vectors."""
@@ -107,55 +135,135 @@ class LayerCoder:
         v = x[..., split:].reshape(b, s, self.heads, (d - split) // self.heads).transpose(1, 2)
         return self.rope.apply(k, start), v
 
-    def encode(self, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int) -> list[Chunk]:
-        """Keys, values (B, H, S, D) at positions start.. (S a multiple of unit) -> one Chunk per unit tokens."""
-        return self._chunks(self.quantize(keys, values, start), keys, values, start, unit)
+    def budget(self, bits_per_element: float, batch: int) -> RateBudget:
+        """The RateBudget of `batch` rows of this layer at a tier's bits per element."""
+        return RateBudget(bits_per_element, batch * self.mean.numel())
 
-    def archive(self, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int):
+    def encode(self, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int, budget: RateBudget,
+               before: Spent = NOTHING) -> list[Chunk]:
+        """Keys, values (B, H, S, D) at positions start.. (S a multiple of unit) -> one Chunk per unit tokens.
+
+        before: what the layer's archive held before these tokens (the rate control's running budget).
+        """
+        return self._code(keys, values, start, unit, budget, before)[0]
+
+    def archive(self, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int, budget: RateBudget,
+                before: Spent = NOTHING):
         """encode, and what decode of those chunks gives, computed from the codes (no entropy decoding).
 
         -> (chunks, (keys, values) in keys' dtype), the decoded tensors bit for bit those of decode(chunks):
         ANS is lossless, so the stored streams decode to these very codes, and both paths run the same ops.
         """
-        codes = self.quantize(keys, values, start)
-        chunks = self._chunks(codes, keys, values, start, unit)
-        sinks = self._sinks(start, keys.shape[2])
+        chunks, codes, row_steps = self._code(keys, values, start, unit, budget, before)
         sink_parts = [c.sink for c in chunks if c.sink]
-        return chunks, self._reconstruct(codes[:, sinks:].contiguous(), sink_parts, start, keys.dtype)
+        return chunks, self._reconstruct(codes, row_steps, sink_parts, start, keys.dtype)
 
-    def quantize(self, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-        """Keys, values (B, H, S, D) at positions start.. -> (B, S, r) int32 codes, within what a stream can hold."""
-        codes = ecsq((self.rows(keys, values, start) - self.mean) @ self.enc, self.step)
+    def project(self, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+        """Keys, values (B, H, S, D) at positions start.. -> (B, S, r) float32 components y."""
+        return (self.rows(keys, values, start) - self.mean) @ self.enc
+
+    def quantize(self, y: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """(B, S, r) components, (S,) or () steps -> (B, S, r) int32 codes, within what a stream can hold."""
+        codes = ecsq_rows(y, steps)
         return codes.clamp_(-(ESCAPE_RANGE // 2), ESCAPE_RANGE // 2 - 1)  # escapes store 16 bits (codecs/ans.py)
 
     def _sinks(self, start: int, tokens: int) -> int:
         """How many of `tokens` tokens from position start are sink tokens (coded apart)."""
         return min(max(self.sink_tokens - start, 0), tokens)
 
-    def _chunks(self, codes: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int):
-        """(B, S, r) codes of the tokens from position start -> one Chunk per unit tokens (streams coded together)."""
+    def stream_bytes(self, y: torch.Tensor, bounds: list[int], rungs: torch.Tensor) -> torch.Tensor:
+        """(B, S', r) components, chunk row bounds (chunks + 1,), one rung per chunk (chunks,) -> (chunks,) int64
+        upper bounds of each chunk's stream bytes at its rung (the coder's fixed-point code lengths, codecs/ans.py)."""
+        if self._costs is None:
+            self._costs = self.table.code_bits(COST_LIMIT).reshape(-1)
+        width = 2 * COST_LIMIT + 3
+        if bool((rungs == rungs[0]).all()):  # one rung for all: a scalar step, one place per column
+            shifts, steps = torch.tensor(LADDER[int(rungs[0])]), self.steps[rungs[0]]
+            place = (self.table.classes - shifts) * width + COST_LIMIT + 1  # (r,): where q = 0's cost is
+        else:
+            counts = torch.tensor(bounds).diff()
+            shifts = torch.tensor(LADDER)[rungs].repeat_interleave(counts)  # (S',) each row's rung's shift
+            steps = self.steps[rungs].repeat_interleave(counts)
+            place = (self.table.classes[None, :] - shifts[:, None]) * width + COST_LIMIT + 1  # (S', r)
+        q = ecsq_rows(y, steps).clamp_(-COST_LIMIT - 1, COST_LIMIT + 1).long() + place
+        per_row = self._costs[q].sum((0, 2), dtype=torch.float64)  # (S',)
+        total = torch.cat([torch.zeros(1, dtype=torch.float64), per_row.cumsum(0)])
+        edges = torch.tensor(bounds)
+        return ((total[edges[1:]] - total[edges[:-1]]) / 8).ceil().long() + STREAM_SLACK_BYTES
+
+    def _choose(self, y: torch.Tensor, bounds: list[int], sink_bytes: list[int], budget: RateBudget,
+                before: Spent, unit: int) -> list[int]:
+        """Each chunk's rung (codecs/rate.py) from few evaluated rungs: every ANCHOR_SPACING-th and the coarsest
+        for every chunk, then, for each chunk, those between the anchor it took and the next finer anchor; the
+        rule is the same (the finest evaluated rung that fits), on exact bounds."""
+        chunks = len(bounds) - 1
+        costs = torch.full((chunks, SKIP), UNKNOWN_BYTES, dtype=torch.long)
+        for rung in sorted({*range(0, SKIP, ANCHOR_SPACING), SKIP - 1}):
+            costs[:, rung] = self.stream_bytes(y, bounds, torch.full((chunks,), rung))
+        first = torch.tensor(budget.choose(costs, sink_bytes, before, unit))
+        finer_anchor = (first - 1).div(ANCHOR_SPACING, rounding_mode="floor") * ANCHOR_SPACING
+        for back in range(1, ANCHOR_SPACING):
+            rung = first - back
+            todo = (first < SKIP) & (rung > finer_anchor) & (rung >= 0)
+            if not bool(todo.any()):
+                break
+            rung = torch.where(todo, rung, first.clamp(max=SKIP - 1))  # elsewhere: a rung already evaluated
+            costs[torch.arange(chunks), rung] = self.stream_bytes(y, bounds, rung)
+        return budget.choose(costs, sink_bytes, before, unit)
+
+    def _code(self, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int, budget: RateBudget,
+              before: Spent):
+        """Chunks of the tokens from position start, their (B, S', r) codes after the sinks and (S',) row steps."""
         sinks = self._sinks(start, keys.shape[2])
-        parts, sink_parts = [], []
+        y = self.project(keys[:, :, sinks:], values[:, :, sinks:], start + sinks)  # (B, S', r)
+        bounds, sink_parts = [0], []
         for first in range(0, keys.shape[2], unit):
             lo = max(first, sinks)  # sink rows are not PCA-coded
             sink = None
             if lo > first:
                 sink = (SINK_CODEC.encode(keys[:, :, first:lo]), SINK_CODEC.encode(values[:, :, first:lo]))
-            parts.append(codes[:, lo : first + unit].reshape(-1, self.kept))
             sink_parts.append(sink)
-        return [Chunk(stream, sink) for stream, sink in zip(self.table.encode_many(parts), sink_parts)]
+            bounds.append(first + unit - sinks)
+        sink_bytes = [sum(e.nbytes for e in sink) if sink else 0 for sink in sink_parts]
+        rungs = self._choose(y, bounds, sink_bytes, budget, before, unit)
+        row_steps = self._row_steps(rungs, bounds)
+        codes = self.quantize(y, row_steps)
+        parts, shifts, coded = [], [], []
+        for j, rung in enumerate(rungs):
+            if rung != SKIP:
+                parts.append(codes[:, bounds[j] : bounds[j + 1]].reshape(-1, self.kept))
+                shifts.append(LADDER[rung])
+                coded.append(j)
+        streams = [b""] * len(rungs)
+        for j, stream in zip(coded, self.table.encode_many(parts, shifts)):
+            streams[j] = stream
+        chunks = [Chunk(stream, rung, sink) for stream, rung, sink in zip(streams, rungs, sink_parts)]
+        return chunks, codes, row_steps
+
+    def _row_steps(self, rungs: list[int], bounds: list[int]) -> torch.Tensor:
+        """(S',) the step of every PCA-coded row: its chunk's rung's (NaN for the skip rung)."""
+        steps = torch.cat([self.steps[:SKIP], torch.tensor([math.nan])])
+        counts = torch.tensor([bounds[j + 1] - bounds[j] for j in range(len(rungs))])
+        return steps[torch.tensor(rungs, dtype=torch.long)].repeat_interleave(counts)
 
     def decode(self, chunks: list[Chunk], start: int, unit: int, batch: int, dtype: torch.dtype):
         """Inverse of encode: chunks of unit tokens from position start -> keys, values (B, H, S, D) in dtype."""
         rows = [unit - (chunk.sink[0].shape[2] if chunk.sink else 0) for chunk in chunks]
-        decoded = self.table.decode_many([chunk.stream for chunk in chunks], [batch * r for r in rows])
-        codes = [part.view(batch, r, self.kept) for part, r in zip(decoded, rows)]
-        return self._reconstruct(torch.cat(codes, dim=1), [c.sink for c in chunks if c.sink], start, dtype)
+        coded = [j for j, chunk in enumerate(chunks) if chunk.rung != SKIP]
+        decoded = self.table.decode_many([chunks[j].stream for j in coded], [batch * rows[j] for j in coded],
+                                         [LADDER[chunks[j].rung] for j in coded])
+        codes = [torch.zeros(batch, r, self.kept, dtype=torch.int32) for r in rows]
+        for j, part in zip(coded, decoded):
+            codes[j] = part.view(batch, rows[j], self.kept)
+        bounds = [0, *torch.tensor(rows).cumsum(0).tolist()]
+        row_steps = self._row_steps([chunk.rung for chunk in chunks], bounds)
+        return self._reconstruct(torch.cat(codes, dim=1), row_steps, [c.sink for c in chunks if c.sink], start,
+                                 dtype)
 
-    def _reconstruct(self, codes: torch.Tensor, sinks: list[tuple[Encoded, Encoded]], start: int,
-                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, S', r) contiguous codes after the sink tokens, and the sinks' encodings -> keys, values (B, H, S, D)."""
-        y = codes.float() * self.step  # (B, S', r)
+    def _reconstruct(self, codes: torch.Tensor, row_steps: torch.Tensor, sinks: list[tuple[Encoded, Encoded]],
+                     start: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, S', r) codes after the sink tokens, their (S',) steps, and the sinks' encodings -> keys, values."""
+        y = codes.float() * row_steps.nan_to_num(0.0)[None, :, None]  # (B, S', r)
         count = sum(sink[0].shape[2] for sink in sinks)
         keys, values = self.unrows(y @ self.dec + self.mean, start + count)
         if count:
