@@ -15,6 +15,7 @@ import importlib.util
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -225,7 +226,9 @@ def _needle(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     grid = needle_grid(loaded, tiers, args.lengths, args.depths, progress)
     bar.close()
+    failed = Counter((r.tier, r.length) for r in grid.rows if r.error)  # cells a peer itself failed on
     summary = [{"tier": tier, **{f"{n} tok": f"{int(grid.retrieved(tier)[:, j].sum())}/{len(grid.depths)}"
+                                 + (f" ({failed[tier, n]} failed)" if failed[tier, n] else "")
                                  for j, n in enumerate(grid.lengths)}} for tier in grid.tiers]
     print(format_table(summary))
     for reason in grid.absent:

@@ -10,11 +10,14 @@ in tokens (within one filler sentence). Each (length, depth) is prefilled once, 
 every tier's cache is filled from that native cache (exactly a prefill through the codec cache,
 measure/side_by_side.py) and answers greedily. Retrieved = the key appears in the answer. A peer
 (codeckv/peers.py) is filled from the same native cache in one update per layer, as a one-forward
-prefill through it would be; a peer that cannot run here gets a line in `absent` instead of its rows.
+prefill through it would be; a peer that cannot run here gets a line in `absent` instead of its rows,
+and a cell where the peer itself fails (HQQ's 4-bit packing cannot hold an odd number of groups: batch x
+KV heads x tokens odd) is a row with its `error`, not retrieved.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -48,6 +51,7 @@ class NeedleRow:
     retrieved: bool
     answer: str
     ratio_vs_bf16: float  # the tier's cache holding the prompt
+    error: str = ""  # a peer that failed on this cell: its message (then not retrieved)
 
 
 @dataclass
@@ -127,12 +131,18 @@ def needle_grid(
                     first = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], native)[0]
             for tier in tiers[::-1]:  # native last: answering extends the cache the others are filled from
                 if isinstance(tier, Peer):
-                    cache = filled_peer_cache(native, loaded, tier)
-                    ratio = peer_footprint(cache).ratio
+                    try:
+                        cache = filled_peer_cache(native, loaded, tier)
+                        ratio = peer_footprint(cache).ratio
+                        answer = _answer(loaded, cache, first, stop_ids)
+                    except RuntimeError as err:  # the peer's own failure on this prompt, kept as its row
+                        rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, False, "", math.nan,
+                                              str(err).splitlines()[0]))
+                        continue
                 else:
                     cache = native if tier.is_native else filled_from(native, Run(loaded, tier.name, tier))
                     ratio = footprint(cache).ratio
-                answer = _answer(loaded, cache, first, stop_ids)
+                    answer = _answer(loaded, cache, first, stop_ids)
                 rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, key in answer, answer, ratio))
             done += 1
             if progress:
