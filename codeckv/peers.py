@@ -83,7 +83,7 @@ def run_for(name: str | Tier | Peer) -> Tier | Peer:
         return PEERS[name]
     if name in TIERS:
         return get_tier(name)
-    raise ValueError(f"unknown tier or peer {name!r} (allowed tiers: {', '.join(TIERS)}; "
+    raise ValueError(f"unknown tier {name!r} (allowed tiers: {', '.join(TIERS)}; "
                      f"peers: {', '.join(PEERS)})")
 
 
