@@ -102,6 +102,20 @@ def absent_reason(peer: Peer, info: ModelInfo | None = None) -> str | None:
     return None
 
 
+def packing_reason(peer: Peer, rows: int, heads: int, tokens: int, head_dim: int) -> str | None:
+    """Why `peer` fails to quantize rows x heads x tokens x head_dim at once (None: it does not).
+
+    HQQ packs its 4-bit codes two groups to a byte row and unpacks an even count, so an odd number of
+    groups fails (tested). A QuantizedLayer quantizes its first `tokens`, then that plus multiples of its
+    window (128, even): all of the same parity.
+    """
+    groups = rows * heads * tokens * head_dim // peer.q_group_size
+    if peer.backend == "hqq" and peer.nbits == 4 and groups % 2:
+        return (f"{peer.name}: absent, HQQ's 4-bit packing fails on an odd number of groups "
+                f"({rows} rows x {heads} KV heads x {tokens} tokens); choose an even number of windows or of tokens")
+    return None
+
+
 def make_peer_cache(config, peer: Peer) -> QuantizedCache:
     """A fresh QuantizedCache of `peer` for the model of `config` (or of a LoadedModel); ValueError if absent."""
     info = getattr(config, "info", None)

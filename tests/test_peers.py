@@ -118,6 +118,14 @@ def test_absent_peers_are_a_line_each_never_an_error(loaded, hidden, tmp_path, c
     assert grid.tiers == ["native"] and grid.absent[0].startswith("hf-quanto-int4: absent")
 
 
+@pytest.mark.skipif("hf-hqq-int4" not in INSTALLED, reason="needs hqq (scripts/setup.sh --peers)")
+def test_an_odd_hqq_batch_is_a_line_not_an_error(loaded):
+    run = measure_quality(loaded, ["png", "hf-hqq-int4"], windows=1, length=21)  # 1 x 3 x 11 tokens: odd
+    assert [r.tier for r in run.rows] == ["native", "png"]
+    assert run.absent == ["hf-hqq-int4: absent, HQQ's 4-bit packing fails on an odd number of groups (1 rows x 3 KV "
+                          "heads x 11 tokens); choose an even number of windows or of tokens"]
+
+
 @pytest.mark.skipif("hf-quanto-int4" not in INSTALLED, reason="needs optimum-quanto (scripts/setup.sh --peers)")
 def test_a_hybrid_model_has_no_peer_rows(loaded):
     hybrid = dataclasses.replace(loaded.info, name="tiny-gemma3", layer_types=["sliding_attention", "full_attention"])

@@ -26,7 +26,7 @@ from codeckv.layers import CodecLayer
 from codeckv.measure.lockstep import Reference, Scores, compare, lockstep, stack_size
 from codeckv.models import LoadedModel
 from codeckv.peers import ATTENTION as PEER_ATTENTION
-from codeckv.peers import Peer, absent_reason, make_peer_cache, peer_footprint, run_for
+from codeckv.peers import Peer, absent_reason, make_peer_cache, packing_reason, peer_footprint, run_for
 from codeckv.tiers import Tier, get_tier
 
 Progress = Callable[[int, int, str], None]  # (forwards done, forwards in all, message); may raise to stop
@@ -88,13 +88,15 @@ def measure_quality(
     tiers = [run_for(t) for t in tiers]
     if not tiers:
         raise ValueError("choose at least one tier")
-    reasons = {t.name: absent_reason(t, loaded.info) for t in tiers if isinstance(t, Peer)}
+    prefix = (length + 1) // 2  # tokens a peer quantizes at once (then that plus multiples of its window)
+    reasons = {t.name: absent_reason(t, loaded.info) or packing_reason(t, windows, loaded.info.num_kv_heads, prefix,
+                                                                       loaded.info.head_dim)
+               for t in tiers if isinstance(t, Peer)}
     tiers = [t for t in tiers if not reasons.get(t.name)]
     label = "text" if text is not None else source
     data = text_windows(loaded.tokenizer, text if text is not None else source_text(source), windows,
                         length + 1, "the text" if text is not None else f"the {source}")
     runs = [get_tier("native"), *(t for t in tiers if not t.is_native)]  # native first: the reference
-    prefix = (length + 1) // 2
     size = stack_size(loaded.info, windows, length + 1)
     groups = [runs[i : i + size] for i in range(0, len(runs), size)]
     total = len(groups) * (length - prefix)  # one forward per scored position, per stacked group
