@@ -122,8 +122,9 @@ def _quality(args: argparse.Namespace) -> None:
     suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
     out = args.out or f"out/quality-{name}{suffix}.csv"
     charts = Path(args.charts or f"out/quality-{name}{suffix}")
+    written = write_csv(rows, out)  # before the charts: a long run's numbers never hang on the optional figures
     paths = _write_figures(lambda figures: figures.quality_figures(run), charts)
-    print(f"wrote {write_csv(rows, out)}, " + ", ".join(str(p) for p in paths))
+    print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
 
 
 def _prompt(args: argparse.Namespace, loaded, default_context: int = 0):
@@ -236,9 +237,10 @@ def _needle(args: argparse.Namespace) -> None:
     print(f"retrieved / depths {', '.join(f'{d:g}' for d in grid.depths)}; took {time.perf_counter() - start:.1f} s")
     name = loaded.info.name.replace("/", "_")
     out = args.out or f"out/needle-{name}.csv"
+    written = write_csv(as_dicts(grid.rows), out)  # before the charts, as in _quality
     paths = _write_figures(lambda figures: {"needle": figures.plots.needle_figure(grid)},
                            Path(args.charts or f"out/needle-{name}"))
-    print(f"wrote {write_csv(as_dicts(grid.rows), out)}, " + ", ".join(str(p) for p in paths))
+    print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
 
 
 def _prompt_arguments(parser: argparse.ArgumentParser, without_prompt: str) -> None:
