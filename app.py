@@ -40,6 +40,7 @@ from codeckv.measure.chat import ChatSession
 from codeckv.measure.needle import as_dicts as needle_dicts
 from codeckv.measure.table import write_csv
 from codeckv.models import DEFAULT_MODEL, ModelUnavailableError
+from codeckv.peers import PEERS, absent_reason
 from codeckv.plots import needle_figure
 from codeckv.pool import POOL
 from codeckv.reports import Reports
@@ -76,6 +77,7 @@ from codeckv.sessions import IDLE
 from codeckv.tiers import TIERS
 
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
+INSTALLED_PEERS = [name for name, peer in PEERS.items() if absent_reason(peer) is None]  # beside the tiers by default
 EXAMPLES = [line for line in (Path(__file__).parent / "assets" / "examples.txt").read_text().splitlines() if line]
 LONG_EXAMPLE = ["What does the finally clause do? Answer in two sentences.", next(iter(DOCUMENTS))]
 INSPECT_TEXT = corpus_text()[:1500]  # ~370 tokens of the Python reference: enough blocks to see spectra
@@ -352,7 +354,8 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             with gr.Row():
                 sweep_prompt = gr.Textbox(value=EXAMPLES[1], label="prompt", scale=3)
                 sweep_tokens = gr.Slider(8, 128, value=32, step=8, label="new tokens per tier", scale=1)
-        sweep_tiers = gr.CheckboxGroup(list(TIERS), value=CODEC_TIERS, label="tiers")
+        sweep_tiers = gr.CheckboxGroup([*TIERS, *PEERS], value=CODEC_TIERS + INSTALLED_PEERS,
+                                       label="tiers, and peers (transformers' QuantizedCache; long text only)")
         with gr.Row():
             sweep_button = gr.Button("Run sweep", variant="primary", scale=4)
             sweep_stop = gr.Button("Stop", scale=1)
@@ -374,7 +377,8 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             needle_lengths = gr.CheckboxGroup(list(NEEDLE_LENGTHS), value=list(NEEDLE_LENGTHS[:3]),
                                               label="prompt tokens")
             needle_depths = gr.CheckboxGroup(list(NEEDLE_DEPTHS), value=["0%", "50%", "100%"], label="depth of the key")
-        needle_tiers = gr.CheckboxGroup(CODEC_TIERS, value=["turbo-4", "jpeg-k2"], label="tiers (beside native)")
+        needle_tiers = gr.CheckboxGroup([*CODEC_TIERS, *PEERS], value=["turbo-4", "jpeg-k2"],
+                                        label="tiers and peers (beside native)")
         with gr.Row():
             needle_button = gr.Button("Run needle test", variant="primary", scale=4)
             needle_stop = gr.Button("Stop", scale=1)

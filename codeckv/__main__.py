@@ -16,6 +16,7 @@ import importlib.util
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +58,16 @@ def _tier_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _run_name(text: str) -> str:
+    """A preset tier or a peer name (argparse type: an unknown name is a usage error listing both)."""
+    from codeckv.peers import run_for
+
+    try:
+        return run_for(text).name
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _positive(text: str) -> int:
     """A whole number >= 1 (argparse type)."""
     return _whole(text, 1)
@@ -88,9 +99,10 @@ def _load(args: argparse.Namespace):
 def _quality(args: argparse.Namespace) -> None:
     from codeckv.measure.quality import as_dicts, measure_quality
     from codeckv.measure.table import format_table, write_csv
-    from codeckv.tiers import TIERS, get_tier, pca_tier
+    from codeckv.peers import PEERS, run_for
+    from codeckv.tiers import TIERS, pca_tier
 
-    tiers = [get_tier(name) for name in args.tiers or list(TIERS)]
+    tiers = [run_for(name) for name in args.tiers or [*TIERS, *PEERS]]
     tiers += [pca_tier(bits) for bits in args.pca_bits]
     text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
     loaded = _load(args)
@@ -102,6 +114,8 @@ def _quality(args: argparse.Namespace) -> None:
     columns = ["tier", "ratio_vs_bf16", "steady_state_ratio", "held_bytes", "kld", "kld_se", "top1_pct", "top1_se",
                "delta_nll_pct", "delta_nll_se", "nll", "entropy_coded_bytes"]
     print(format_table(rows, columns))
+    for reason in run.absent:
+        print(reason)
     where = "a text file" if text is not None else f"the {args.source}"
     print(f"{args.windows} windows x {args.length} tokens of {where}, {run.reference.positions} scored positions "
           f"each; took {time.perf_counter() - start:.1f} s")
@@ -109,8 +123,9 @@ def _quality(args: argparse.Namespace) -> None:
     suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
     out = args.out or f"out/quality-{name}{suffix}.csv"
     charts = Path(args.charts or f"out/quality-{name}{suffix}")
+    written = write_csv(rows, out)  # before the charts: a long run's numbers never hang on the optional figures
     paths = _write_figures(lambda figures: figures.quality_figures(run), charts)
-    print(f"wrote {write_csv(rows, out)}, " + ", ".join(str(p) for p in paths))
+    print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
 
 
 def _allocate(args: argparse.Namespace) -> None:
@@ -246,23 +261,28 @@ def _inspect(args: argparse.Namespace) -> None:
 def _needle(args: argparse.Namespace) -> None:
     from codeckv.measure.needle import as_dicts, needle_grid
     from codeckv.measure.table import format_table, write_csv
-    from codeckv.tiers import get_tier
+    from codeckv.peers import run_for
 
-    tiers = [get_tier(name) for name in args.tiers]
+    tiers = [run_for(name) for name in args.tiers]
     loaded = _load(args)
     bar, progress = _bar("needle", unit="cell")
     start = time.perf_counter()
     grid = needle_grid(loaded, tiers, args.lengths, args.depths, progress)
     bar.close()
+    failed = Counter((r.tier, r.length) for r in grid.rows if r.error)  # cells a peer itself failed on
     summary = [{"tier": tier, **{f"{n} tok": f"{int(grid.retrieved(tier)[:, j].sum())}/{len(grid.depths)}"
+                                 + (f" ({failed[tier, n]} failed)" if failed[tier, n] else "")
                                  for j, n in enumerate(grid.lengths)}} for tier in grid.tiers]
     print(format_table(summary))
+    for reason in grid.absent:
+        print(reason)
     print(f"retrieved / depths {', '.join(f'{d:g}' for d in grid.depths)}; took {time.perf_counter() - start:.1f} s")
     name = loaded.info.name.replace("/", "_")
     out = args.out or f"out/needle-{name}.csv"
+    written = write_csv(as_dicts(grid.rows), out)  # before the charts, as in _quality
     paths = _write_figures(lambda figures: {"needle": figures.plots.needle_figure(grid)},
                            Path(args.charts or f"out/needle-{name}"))
-    print(f"wrote {write_csv(as_dicts(grid.rows), out)}, " + ", ".join(str(p) for p in paths))
+    print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
 
 
 def _prompt_arguments(parser: argparse.ArgumentParser, without_prompt: str) -> None:
@@ -467,7 +487,8 @@ def _parser() -> argparse.ArgumentParser:
     quality = command("quality", _quality, "per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread")
     quality.add_argument("--windows", type=_positive, default=4, help="text windows (default 4)")
     quality.add_argument("--length", type=_positive, default=512, help="tokens per window (default 512)")
-    quality.add_argument("--tiers", nargs="*", type=_tier_name, help="tier names (default: all)")
+    quality.add_argument("--tiers", nargs="*", type=_run_name,
+                         help="tier or peer names (default: every tier, and every peer installed)")
     quality.add_argument("--source", default="corpus", choices=["corpus", "docstrings"],
                          help="corpus: the Python reference topics (default); docstrings: the held-out text")
     quality.add_argument("--text-file", help="measure on this UTF-8 text file instead")
@@ -495,8 +516,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="prompt lengths in tokens (default 1024 2048 4096 8000)")
     needle.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0],
                         help="where the key sits in the filler, 0 = start (default 0 0.25 0.5 0.75 1)")
-    needle.add_argument("--tiers", nargs="+", type=_tier_name, default=["turbo-4", "turbo-3", "int8", "jpeg-k2"],
-                        help="tier names (default turbo-4 turbo-3 int8 jpeg-k2)")
+    needle.add_argument("--tiers", nargs="+", type=_run_name, default=["turbo-4", "turbo-3", "int8", "jpeg-k2"],
+                        help="tier or peer names (default turbo-4 turbo-3 int8 jpeg-k2)")
     needle.add_argument("--out", help="CSV path (default out/needle-<model>.csv)")
     needle.add_argument("--charts", help="folder for the heatmap (default out/needle-<model>)")
 

@@ -24,6 +24,7 @@ from codeckv.codecs.dct import MAX_BLOCK
 from codeckv.layers import MIN_ARCHIVE_TOKENS, CodecLayer
 from codeckv.limits import Limits
 from codeckv.models import ModelInfo
+from codeckv.peers import PEERS
 from codeckv.schedule import check_layers, parse_layers, schedule, tiers_used
 from codeckv.tiers import TIERS, Tier, custom_tier, get_tier
 
@@ -79,9 +80,9 @@ def one_of(value, name: str, allowed) -> str:
     return value
 
 
-def tier_names(values, name: str = "tiers", allow_native: bool = True) -> list[str]:
-    """A non-empty list of distinct preset tier names."""
-    allowed = [t for t in TIERS if allow_native or not TIERS[t].is_native]
+def tier_names(values, name: str = "tiers", allow_native: bool = True, peers: bool = False) -> list[str]:
+    """A non-empty list of distinct preset tier names (and peer names, codeckv/peers.py, with `peers`)."""
+    allowed = [t for t in TIERS if allow_native or not TIERS[t].is_native] + (list(PEERS) if peers else [])
     if not isinstance(values, list | tuple) or not values:
         raise ValueError(f"choose at least one of the {name} (allowed: {', '.join(allowed)})")
     names = [one_of(v, name, allowed) for v in values]

@@ -18,12 +18,14 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from codeckv.measure.inspection import ChannelSpectrum, HeadView, LayerError, Spectrum
+from codeckv.peers import PEERS
 
 FONT = "Inter, Helvetica Neue, Arial, sans-serif"
 NATIVE_COLOR = "#6b7280"  # grey: the native reference everywhere
 KEY_COLOR = "#2563eb"  # blue: keys
 VALUE_COLOR = "#ea580c"  # orange: values
 ACCENT_COLOR = "#059669"  # green: a third series (attention output)
+PEER_COLOR = "#be185d"  # magenta, open diamonds: the peers (transformers' QuantizedCache, codeckv/peers.py)
 CODEC_COLORS = ["#2563eb", "#ea580c", "#059669", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777", "#4d7c0f"]
 
 TEMPLATE = go.layout.Template(
@@ -126,7 +128,8 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
 
     Error bars show `<metric>_se` (standard error over windows) when the rows carry it. Points above
     `y_cap` (default: 1.3 x the largest value below the metric's "broken" level) sit on the top edge as
-    triangles with their true value in the label, so a broken tier does not flatten the rest.
+    triangles with their true value in the label, so a broken tier does not flatten the rest. Peers
+    (codeckv/peers.py) are open magenta diamonds in a trace of their own, named in the legend.
     """
     if metric not in PARETO_METRICS:
         raise ValueError(f"metric={metric!r} (allowed: {', '.join(PARETO_METRICS)})")
@@ -144,15 +147,21 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
         x=[xs[i] for i in front], y=[shown[i] for i in front], mode="lines", name="Pareto front",
         line=dict(color=NATIVE_COLOR, dash="dot", width=2), hoverinfo="skip",
     ))
-    fig.add_trace(go.Scatter(
-        x=xs, y=shown, mode="markers", text=[r["tier"] for r in rows], name="tiers",
-        error_y=dict(type="data", array=[e if e is not None and y <= y_cap else 0.0 for e, y in zip(errors, ys)],
-                     visible=any(e is not None for e in errors), color="#6b7280", thickness=1.5, width=6),
-        marker=dict(size=14, symbol=["triangle-up" if y > y_cap else "circle" for y in ys],
-                    color=[KEY_COLOR if i in front else NATIVE_COLOR for i in range(len(rows))]),
-        customdata=[[r["archive_bytes"], y] for r, y in zip(rows, ys)],
-        hovertemplate="%{text}<br>%{x:.3f}× bf16 (%{customdata[0]:,} B)<br>" + hover + "<extra></extra>",
-    ))
+    peers = [i for i, r in enumerate(rows) if r["tier"] in PEERS]
+    groups = [("tiers", [i for i in range(len(rows)) if i not in peers])]
+    groups += [("peers: transformers QuantizedCache", peers)] if peers else []
+    for name, members in groups:
+        fig.add_trace(go.Scatter(
+            x=[xs[i] for i in members], y=[shown[i] for i in members], mode="markers", name=name,
+            text=[rows[i]["tier"] for i in members],
+            error_y=dict(type="data", array=[errors[i] if errors[i] is not None and ys[i] <= y_cap else 0.0
+                                             for i in members],
+                         visible=any(errors[i] is not None for i in members), color="#6b7280", thickness=1.5,
+                         width=6),
+            marker=_pareto_marker(members, peers, front, ys, y_cap),
+            customdata=[[rows[i]["archive_bytes"], ys[i]] for i in members],
+            hovertemplate="%{text}<br>%{x:.3f}× bf16 (%{customdata[0]:,} B)<br>" + hover + "<extra></extra>",
+        ))
     low = min(shown + [0.0])
     y_range = (low - 0.08 * (y_cap - low), y_cap * 1.08)
     x_low, x_high = min(xs + [1.0]), max(xs + [1.0])  # the bf16 line is always drawn
@@ -165,8 +174,18 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
     fig.add_vline(x=1, line=dict(color=NATIVE_COLOR, width=1, dash="dash"), annotation_text="bf16 native")
     fig.update_yaxes(range=list(y_range))
     fig.update_xaxes(range=list(x_range))
-    fig.update_layout(showlegend=False)
+    fig.update_layout(showlegend=bool(peers), legend=dict(orientation="h", x=1, xanchor="right", y=1.02,
+                                                          yanchor="bottom"))
     return themed(fig, title, "KV archive bytes / bf16 cache bytes (×)", axis_title)
+
+
+def _pareto_marker(members: list[int], peers: list[int], front: list[int], ys: list[float], y_cap: float) -> dict:
+    """Tiers: filled circles, blue on the Pareto front; peers: open magenta diamonds; off the chart: triangles."""
+    if members and members[0] in peers:
+        return dict(size=15, color=PEER_COLOR, line=dict(color=PEER_COLOR, width=2.5),
+                    symbol=["triangle-up-open" if ys[i] > y_cap else "diamond-open" for i in members])
+    return dict(size=14, symbol=["triangle-up" if ys[i] > y_cap else "circle" for i in members],
+                color=[KEY_COLOR if i in front else NATIVE_COLOR for i in members])
 
 
 def latency_figure(rows: Sequence) -> go.Figure:

@@ -46,6 +46,7 @@ from codeckv.measure.sweep import Sweep, sweep
 from codeckv.measure.sweep import as_dicts as sweep_dicts
 from codeckv.measure.table import write_csv, write_json
 from codeckv.models import LoadedModel
+from codeckv.peers import PEERS
 from codeckv.plots import memory_figure, pareto_figure
 from codeckv.saved import read_header, tier_from_spec
 from codeckv.sessions import IDLE
@@ -90,8 +91,11 @@ def sweep_request(loaded: LoadedModel, mode, source, pasted, upload, windows, le
                   stop: StopFlag | None = None) -> SweepOutcome:
     """Every chosen tier on long text (quality with its spread) or on one chat prompt (one reply)."""
     limits = limits or Limits.from_env()
-    mode, tiers = one_of(mode, "mode", (LONG_TEXT, ONE_PROMPT)), tier_names(tiers)
+    mode, tiers = one_of(mode, "mode", (LONG_TEXT, ONE_PROMPT)), tier_names(tiers, peers=True)
     report = until(limits.deadline(), progress, stop)
+    if mode == ONE_PROMPT and set(tiers) & set(PEERS):
+        raise ValueError(f"the peers ({', '.join(t for t in tiers if t in PEERS)}) are measured on long text only: "
+                         f"choose {LONG_TEXT!r} or leave them out")
     if mode == ONE_PROMPT:
         prompt = user_text(prompt)
         new_tokens = whole(new_tokens, "new tokens per tier", 1, min(128, limits.max_new_tokens))
@@ -111,8 +115,10 @@ def sweep_request(loaded: LoadedModel, mode, source, pasted, upload, windows, le
             raise ValueError("upload a .txt or .md file first")
         text = read_text_file(upload, limits.max_text_chars)
     result = measure_quality(loaded, tiers, windows, length, "corpus" if text else kind, text, report)
-    about = {"mode": "long text", "source": kind, "windows": windows, "tokens_per_window": length}
-    return SweepOutcome(result, quality_table(result.rows), quality_figures(result), quality_dicts(result.rows), about)
+    about = {"mode": "long text", "source": kind, "windows": windows, "tokens_per_window": length,
+             "absent": result.absent}
+    table = quality_table(result.rows, result.absent)
+    return SweepOutcome(result, table, quality_figures(result), quality_dicts(result.rows), about)
 
 
 def chat_gpu_seconds(message, document, upload, model_name, tier_name, max_new_tokens, *rest) -> int:
@@ -148,7 +154,7 @@ def needle_request(loaded: LoadedModel, lengths, depths, tiers, progress: Progre
     """Pass-key retrieval of native and every chosen tier over the chosen lengths and depths."""
     limits = limits or Limits.from_env()
     lengths, depths = needle_cells(lengths, depths, limits)
-    tiers = tier_names(tiers, allow_native=False) if tiers else []
+    tiers = tier_names(tiers, allow_native=False, peers=True) if tiers else []
     return needle_grid(loaded, tiers, lengths, depths, until(limits.deadline(), progress, stop))
 
 

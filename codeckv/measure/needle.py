@@ -8,14 +8,19 @@ as in the pass-key retrieval test of Mohtashami & Jaggi (2023): an instruction, 
 the key sentence inserted after `depth` of them, then the question. `length` is the prompt's length
 in tokens (within one filler sentence). Each (length, depth) is prefilled once, natively, in chunks;
 every tier's cache is filled from that native cache (exactly a prefill through the codec cache,
-measure/side_by_side.py) and answers greedily. Retrieved = the key appears in the answer.
+measure/side_by_side.py) and answers greedily. Retrieved = the key appears in the answer. A peer
+(codeckv/peers.py) is filled from the same native cache in one update per layer, as a one-forward
+prefill through it would be; a peer that cannot run here gets a line in `absent` instead of its rows,
+and a cell where the peer itself fails (HQQ's 4-bit packing cannot hold an odd number of groups: batch x
+KV heads x tokens odd) is a row with its `error`, not retrieved.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -24,7 +29,8 @@ from codeckv.cache import footprint
 from codeckv.generate import chat_input_ids, next_logits, stop_token_ids
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Run, filled_from
 from codeckv.models import LoadedModel
-from codeckv.tiers import Tier, as_tier, get_tier
+from codeckv.peers import Peer, absent_reason, filled_peer_cache, peer_footprint, run_for
+from codeckv.tiers import Tier, get_tier
 
 INTRO = ("There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the pass key.\n\n")
@@ -45,6 +51,7 @@ class NeedleRow:
     retrieved: bool
     answer: str
     ratio_vs_bf16: float  # the tier's cache holding the prompt
+    error: str = ""  # a peer that failed on this cell: its message (then not retrieved)
 
 
 @dataclass
@@ -53,6 +60,7 @@ class NeedleGrid:
     tiers: list[str]  # "native" first
     lengths: list[int]
     depths: list[float]
+    absent: list[str] = field(default_factory=list)  # one line per peer asked for that cannot run here
 
     def retrieved(self, tier: str) -> torch.Tensor:
         """(depths, lengths) 1.0 where `tier` retrieved the key."""
@@ -87,24 +95,26 @@ def needle_prompt(loaded: LoadedModel, length: int, depth: float, key: str) -> t
 
 
 @torch.inference_mode()
-def _answer(loaded: LoadedModel, run: Run, first: torch.Tensor, stop_ids) -> str:
+def _answer(loaded: LoadedModel, cache, first: torch.Tensor, stop_ids) -> str:
     """Greedy answer from a cache holding the prompt, whose prefill predicted `first` (logits)."""
     tokens = [int(first.argmax())]
     while tokens[-1] not in stop_ids and len(tokens) < ANSWER_TOKENS:
-        logits = next_logits(loaded.model, torch.tensor([[tokens[-1]]], device=loaded.model.device), run.cache)
+        logits = next_logits(loaded.model, torch.tensor([[tokens[-1]]], device=loaded.model.device), cache)
         tokens.append(int(logits[0].argmax()))
     return loaded.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
 def needle_grid(
     loaded: LoadedModel,
-    tiers: list[Tier | str],
+    tiers: list[Tier | Peer | str],
     lengths: list[int],
     depths: list[float],
     progress: Progress | None = None,
 ) -> NeedleGrid:
-    """Native and every tier on every (length, depth): retrieved or not."""
-    tiers = [get_tier("native")] + [t for t in (as_tier(t) for t in tiers) if not t.is_native]
+    """Native and every tier or peer on every (length, depth): retrieved or not."""
+    tiers = [get_tier("native")] + [t for t in (run_for(t) for t in tiers) if not t.is_native]
+    reasons = {t.name: absent_reason(t, loaded.info) for t in tiers if isinstance(t, Peer)}
+    tiers = [t for t in tiers if not reasons.get(t.name)]
     longest = max(lengths) + ANSWER_TOKENS
     if longest > loaded.info.max_context:
         raise ValueError(f"length {max(lengths)} + {ANSWER_TOKENS} answer tokens exceeds {loaded.info.name}'s "
@@ -120,17 +130,27 @@ def needle_grid(
                 for lo in range(0, ids.shape[1], PREFILL_CHUNK):
                     first = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], native)[0]
             for tier in tiers[::-1]:  # native last: answering extends the cache the others are filled from
-                run = Run(loaded, tier.name, tier)
-                run.cache = native if tier.is_native else filled_from(native, run)
-                ratio = footprint(run.cache).ratio
-                answer = _answer(loaded, run, first, stop_ids)
+                if isinstance(tier, Peer):
+                    try:
+                        cache = filled_peer_cache(native, loaded, tier)
+                        ratio = peer_footprint(cache).ratio
+                        answer = _answer(loaded, cache, first, stop_ids)
+                    except RuntimeError as err:  # the peer's own failure on this prompt, kept as its row
+                        rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, False, "", math.nan,
+                                              str(err).splitlines()[0]))
+                        continue
+                else:
+                    cache = native if tier.is_native else filled_from(native, Run(loaded, tier.name, tier))
+                    ratio = footprint(cache).ratio
+                    answer = _answer(loaded, cache, first, stop_ids)
                 rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, key in answer, answer, ratio))
             done += 1
             if progress:
                 progress(done, cells, f"{length} tokens, depth {depth:g}")
     order = {t.name: i for i, t in enumerate(tiers)}
     rows.sort(key=lambda r: (order[r.tier], r.length, r.depth))
-    return NeedleGrid(rows, [t.name for t in tiers], list(lengths), list(depths))
+    return NeedleGrid(rows, [t.name for t in tiers], list(lengths), list(depths),
+                      [reason for reason in reasons.values() if reason])
 
 
 def as_dicts(rows: list[NeedleRow]) -> list[dict]:

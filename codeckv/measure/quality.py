@@ -5,24 +5,29 @@
     run = measure_quality(loaded, ["turbo-4"], text=user_text, windows=2, length=512)      # any text
     run.rows        # QualityRow per tier (native first): the table of `python -m codeckv quality` and the Sweep tab
     run.scores      # tier -> per-position NLL / KLD / top-1 (W, positions), for per-token charts
+    run = measure_quality(loaded, ["turbo-4", "hf-quanto-int4"])                          # a peer beside a tier
+    run.absent      # one line per peer that cannot run here (codeckv/peers.py), instead of its row
 
 Native and every tier are fed the same windows together (measure/lockstep.py: one forward per position
 for all of them, in as few stacked batches as memory allows), and every tier is compared with native. A window
 of `length` tokens is followed by one more token, the target of the last prediction, so every cache
-holds exactly `length` tokens when its bytes are read.
+holds exactly `length` tokens when its bytes are read. A peer (transformers' QuantizedCache, codeckv/peers.py)
+rides in the same batch as the tiers, its bytes counted from the tensors it holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from codeckv.cache import CodecCache, footprint, held_bytes, make_cache
 from codeckv.corpus import source_text, text_windows
 from codeckv.layers import CodecLayer
 from codeckv.measure.lockstep import Reference, Scores, compare, lockstep, stack_size
 from codeckv.models import LoadedModel
-from codeckv.tiers import Tier, as_tier, get_tier
+from codeckv.peers import ATTENTION as PEER_ATTENTION
+from codeckv.peers import Peer, absent_reason, make_peer_cache, packing_reason, peer_footprint, run_for
+from codeckv.tiers import Tier, get_tier
 
 Progress = Callable[[int, int, str], None]  # (forwards done, forwards in all, message); may raise to stop
 # Lockstep scoring keeps decoded views: every tier decodes one token per step for hundreds of steps beside the
@@ -64,26 +69,34 @@ class QualityRun:
     reference: Reference
     scores: dict[str, Scores]  # tier name -> per-position metrics
     scored_tokens: list[str]  # window 0's scored tokens as text (chart hover)
+    absent: list[str] = field(default_factory=list)  # one line per peer asked for that cannot run here
 
 
 def measure_quality(
     loaded: LoadedModel,
-    tiers: list[str | Tier],
+    tiers: list[str | Tier | Peer],
     windows: int = 4,
     length: int = 512,
     source: str = "corpus",
     text: str | None = None,
     progress: Progress | None = None,
 ) -> QualityRun:
-    """Native and each tier in lockstep, on `windows` windows of `length` tokens of `text` or of the named source."""
-    tiers = [as_tier(t) for t in tiers]
+    """Native and each tier or peer in lockstep, on `windows` windows of `length` tokens of `text` or the named source.
+
+    A peer that cannot run here (its package missing, a hybrid model) gets no row but a line in `absent`.
+    """
+    tiers = [run_for(t) for t in tiers]
     if not tiers:
         raise ValueError("choose at least one tier")
+    prefix = (length + 1) // 2  # tokens a peer quantizes at once (then that plus multiples of its window)
+    reasons = {t.name: absent_reason(t, loaded.info) or packing_reason(t, windows, loaded.info.num_kv_heads, prefix,
+                                                                       loaded.info.head_dim)
+               for t in tiers if isinstance(t, Peer)}
+    tiers = [t for t in tiers if not reasons.get(t.name)]
     label = "text" if text is not None else source
     data = text_windows(loaded.tokenizer, text if text is not None else source_text(source), windows,
                         length + 1, "the text" if text is not None else f"the {source}")
     runs = [get_tier("native"), *(t for t in tiers if not t.is_native)]  # native first: the reference
-    prefix = (length + 1) // 2
     size = stack_size(loaded.info, windows, length + 1)
     groups = [runs[i : i + size] for i in range(0, len(runs), size)]
     total = len(groups) * (length - prefix)  # one forward per scored position, per stacked group
@@ -100,27 +113,29 @@ def measure_quality(
 
     reference, scores, caches = None, {}, {}
     for group in groups:
-        built = [make_cache(loaded, tier, materialization_free=SCORING_ON_CODES) for tier in group]
+        built = [make_peer_cache(loaded, tier) if isinstance(tier, Peer)
+                 else make_cache(loaded, tier, materialization_free=SCORING_ON_CODES) for tier in group]
         names = f"{len(group)} caches in one batch, {group[0].name} to {group[-1].name}" if group[1:] else group[0].name
         reference, got = lockstep(loaded.model, data, built, prefix, reference, step(names))
         for tier, cache, tier_scores in zip(group, built, got):
             scores[tier.name], caches[tier.name] = tier_scores, cache
     rows = [_row(tier, reference, scores[tier.name], caches[tier.name], label, windows, length) for tier in runs]
     tokens = [loaded.tokenizer.decode([t]) for t in reference.targets[0].tolist()]
-    return QualityRun(rows, reference, scores, tokens)
+    return QualityRun(rows, reference, scores, tokens, [reason for reason in reasons.values() if reason])
 
 
-def _row(tier: Tier, reference: Reference, scores: Scores, cache, source: str, windows: int, length: int):
-    fp = footprint(cache)
+def _row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, source: str, windows: int, length: int):
+    peer = isinstance(tier, Peer)
+    fp = peer_footprint(cache) if peer else footprint(cache)
     stats = compare(reference, scores)
-    entropy = entropy_coded_bytes(cache)
+    entropy = None if peer else entropy_coded_bytes(cache)
     return QualityRow(
         tier=tier.name,
         description=tier.description,
         archive_bytes=fp.archive_bytes // windows,
         bf16_bytes=fp.bf16_bytes // windows,
-        held_bytes=held_bytes(cache) // windows,
-        attention=cache.attention if isinstance(cache, CodecCache) else "native",
+        held_bytes=(fp.resident_bytes if peer else held_bytes(cache)) // windows,
+        attention=PEER_ATTENTION if peer else cache.attention if isinstance(cache, CodecCache) else "native",
         ratio_vs_bf16=fp.ratio,
         steady_state_ratio=fp.steady_state_ratio if not tier.is_native else fp.ratio,
         kld=stats.kld.mean,

@@ -12,6 +12,7 @@ import torch
 from codeckv import plots
 from codeckv.measure.inspection import inspect_capture
 from codeckv.measure.needle import NeedleGrid, NeedleRow
+from codeckv.peers import PEERS
 from tests.figure_layout import figure_layout_problems
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -98,6 +99,7 @@ def _needle_grid() -> NeedleGrid:
 def _drawn_figures(swept, view) -> dict[str, tuple]:
     """Every figure the app draws, with the width of its place in the app (inspect's halves are HALF)."""
     quality = _csv_rows("quality-smollm2-135m.csv")
+    quality += [row for row in _csv_rows("quality-smollm2-135m-peers.csv") if row["tier"] in PEERS]
     layers = view.channels.key_share.shape[0]
     with_bits = dataclasses.replace(view.channels, bits={i: torch.linspace(8, 0, 150) for i in range(layers)})
     half = {"spectrum", "layer_errors", "var_ratio"}
