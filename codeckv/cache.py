@@ -13,7 +13,10 @@ Attention reads the stored codes by default (`materialization_free=None`: CodedL
 codeckv.attention, where models from `codeckv.load_model` are already routed), so the cache holds its
 archive and a few raw tokens, not a full-precision copy. A tier whose codes no kernel reads (png's
 deltas, PCA's entropy-coded chunks: `view_reason`) keeps a decoded view instead; `materialization_free=
-False` asks for the view on any tier (the opt-in), True insists on the codes.
+False` asks for the view on any tier (the opt-in), True insists on the codes. By default the cache also
+chooses by itself a decoded view for the decode steps of a short context (up to SHORT_VIEW_TOKENS tokens,
+where SDPA on it is faster than any kernel on the codes; dropped past it and at rest); `attention` says
+which path the cache is on now (CODES, SHORT_VIEW or VIEW) and held_bytes counts the view.
 """
 
 from __future__ import annotations
@@ -36,12 +39,13 @@ from codeckv.codecs.layout import NoRowLayout
 from codeckv.flush import flush_layers
 from codeckv.footprint import Footprint, LayerFootprint
 from codeckv.kernel_ops import layout_of
-from codeckv.layers import CodecLayer, CodedLayer
+from codeckv.layers import SHORT_VIEW_TOKENS, CodecLayer, CodedLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
 from codeckv.tiers import Tier, as_tier
 
 CODES, VIEW = "on the stored codes", "on a decoded view"  # CodecCache.attention
+SHORT_VIEW = f"on a decoded view while short (up to {SHORT_VIEW_TOKENS} tokens; on the stored codes beyond)"
 
 
 class CodecCache(Cache):
@@ -53,8 +57,12 @@ class CodecCache(Cache):
 
     @property
     def attention(self) -> str:
-        """Where attention reads this cache's archived tokens: CODES (no decoded view) or VIEW."""
-        return CODES if any(isinstance(layer, CodedLayer) for layer in self.layers) else VIEW
+        """Where attention reads this cache's archived tokens now: CODES, SHORT_VIEW (codes layers whose decode
+        steps read a short context's view, codeckv/layers.py) or VIEW (a decoded view throughout)."""
+        coded = [layer for layer in self.layers if isinstance(layer, CodedLayer)]
+        if not coded:
+            return VIEW
+        return SHORT_VIEW if any(layer.on_view for layer in coded) else CODES
 
     @classmethod
     def from_config(
@@ -65,7 +73,8 @@ class CodecCache(Cache):
 
         materialization_free: True = CodedLayer (attention on the stored codes, no decoded view), False =
         CodecLayer (a decoded view), None = the codes wherever the tier allows (view_reason) and the model
-        attends through codeckv.attention (load_model does that; else use_codec_attention(model)), else the view.
+        attends through codeckv.attention (load_model does that; else use_codec_attention(model)), else the view;
+        with None, decode steps up to SHORT_VIEW_TOKENS read a decoded view (SHORT_VIEW, codeckv/layers.py).
         calibration: the model's Calibration for a PCA tier (codeckv.calibration.calibration_for), required there.
         """
         tier = _tier(tier, overrides)
@@ -190,11 +199,13 @@ def view_reason(tier: Tier | str) -> str | None:
 def _codec_layer(tier: Tier, materialization_free: bool | None, calibration: Calibration | None,
                  layer_types: list[str]):
     """A function: layer index -> a new codec layer of `tier`, after checking that the tier can be built."""
+    short_view = materialization_free is None  # the cache's own choice: a short context's decode steps on a view
     if materialization_free is None:
         materialization_free = view_reason(tier) is None
     if tier.joint is None:
-        codec_layer = CodedLayer if materialization_free else CodecLayer
-        return lambda index: codec_layer(tier)
+        if materialization_free:
+            return lambda index: CodedLayer(tier, short_view)
+        return lambda index: CodecLayer(tier)
     if materialization_free:
         raise ValueError(f"tier '{tier.name}' codes keys and values jointly with entropy-coded chunks, which no "
                          "kernel reads: materialization_free=True is not supported (allowed: None or False, a view)")
