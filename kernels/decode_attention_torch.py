@@ -8,16 +8,14 @@ that of SDPA.
     pieces   every segment cut into pieces of at most ROWS_BYTES of float32 rows per side (a raw span,
              or a chunk of archived blocks; one piece per segment for a decode step up to ~5k tokens
              at 3 KV heads x 64)
-    rows     codes -> float32 rows: 2- and 4-bit integer codes by shifts into a dense byte plane cast into
-             its columns, plane by plane (code p of every byte, p-major: the rows' columns are a fixed
-             channel permutation, undone on the queries and the output, never on the rows); codebook
-             (Lloyd-Max) codes by one gather from a table that unpacks and looks up at once (a byte -> 1,
-             2 or 4 levels; 3-bit codes: 12-bit halves of each 3-byte unit -> 4 levels each); 8-bit
-             integer codes and raw rows by one cast; then one multiply by the scales of their groups, in
-             float32 (per-channel key scales of a decode step go on the queries instead: one scaled query
-             per group of rows). The offsets (zeros) never touch the rows: folded into the scores
-             (q . offset once per group) and the output (the weights summed per group, times the
-             offsets), they cost a pass over the queries only
+    rows     codes -> float32 rows: 2- and 4-bit integer codes by shifts into dense byte planes (code p
+             of every byte, p-major: the rows' columns are a fixed channel permutation, undone on the
+             queries and the output, never on the rows) and one cast; codebook (Lloyd-Max) codes by one
+             gather from a table that unpacks and looks up at once (a byte -> 1, 2 or 4 levels; 3-bit
+             codes: 12-bit halves of each 3-byte unit -> 4 levels each); 8-bit integer codes and raw rows
+             by one cast; then one multiply by the scales of their groups, in float32. The offsets
+             (zeros) never touch the rows: folded into the scores (q . offset once per group) and the
+             output (the weights summed per group, times the offsets), they cost a pass over queries only
     passes   consecutive pieces whose scores fit SCORE_BYTES form a pass: their scores (queries
              pre-scaled) go into one (B, Hkv, G*T, n) buffer, softmax'd (the mask added where it hides
              a token of the pass) and applied to the values piece by piece; passes merge with an online
@@ -155,32 +153,8 @@ class _Side:
     def rows_per_token(self) -> float:
         return self.layout.k / self.layout.block
 
-    def folds_scales(self, queries: int) -> bool:
-        """True when scores of `queries` query rows are cheaper with the scales on the queries (scores_per_group).
-
-        Per-channel scales are shared by a group of rows: scaling one query per group costs less than scaling
-        every row as long as the queries are fewer than the rows of a group (a decode step, not a prefill chunk).
-        """
-        return self.spec is not None and self.spec.per_channel and queries < self.spec.group
-
-    def scores_per_group(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        """q (B, H, NQ, D) . the rows of tokens [start, stop), scaled on the queries: (B, H, NQ, n_rows).
-
-        Per-channel scales: row . (q * scale of its group), one small matmul per group of rows.
-        """
-        k, r, g = self.layout.k, self.layout.block, self.spec.group
-        r0, r1 = start // r * k, stop // r * k
-        rows = self.rows(start, stop, scaled=False)
-        b, h, n, d = rows.shape
-        scale = self.scale[:, :, r0 // g : r1 // g].float()  # (B, H, n/g, D) in channel order
-        scale = scale if self.perm is None else scale[..., self.perm]
-        folded = q.unsqueeze(2) * scale.unsqueeze(3)  # (B, H, n/g, NQ, D)
-        grouped = folded @ rows.view(b, h, n // g, g, d).transpose(-1, -2)  # (B, H, n/g, NQ, g)
-        return grouped.transpose(2, 3).reshape(b, h, q.shape[2], n)
-
-    def rows(self, start: int, stop: int, scaled: bool = True) -> torch.Tensor:
-        """Rows of tokens [start, stop) (whole units), scaled (unless not `scaled`) but without their offsets:
-        (B, H, n_rows, D) float32."""
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows of tokens [start, stop) (whole units), scaled but without their offsets: (B, H, n_rows, D) float32."""
         k, r = self.layout.k, self.layout.block
         r0, r1 = start // r * k, stop // r * k
         stored = self.data[:, :, r0:r1]
@@ -194,7 +168,7 @@ class _Side:
             out.copy_(stored)  # raw rows (any float dtype) or 8-bit integer codes
         else:
             self._gather(stored, out)
-        if spec is None or not scaled:
+        if spec is None:
             return out
         if spec.per_channel:  # rows (B, H, n/g, g, D) with scales (B, H, n/g, 1, D)
             scale = self.scale[:, :, r0 // spec.group : r1 // spec.group]
@@ -266,21 +240,23 @@ class _Side:
     def _unpack(self, stored: torch.Tensor, out: torch.Tensor) -> None:
         """Integer codes (B, H, n, bytes) into out (B, H, n, D) float32 as planes: code p of every byte, p-major.
 
-        Each plane is shifted and masked into a dense uint8 buffer (byte ops vectorize only on dense outputs),
-        then cast straight into its columns of out.
+        Each plane is shifted and masked into its own dense uint8 buffer (byte ops vectorize only on dense
+        outputs), the planes are concatenated along the row, then cast to float32 in one dense copy.
         """
         b, h, n, m = stored.shape
         bits, mask = self.spec.bits, (1 << self.spec.bits) - 1
-        plane = _SCRATCH.get("plane", stored.numel(), torch.uint8, stored.device).view(b, h, n, m)
-        columns = out.view(b, h, n, self.planes, m)
+        planes = _SCRATCH.get("planes", self.planes * stored.numel(), torch.uint8, stored.device)
+        planes = planes.view(self.planes, b, h, n, m)
         for p in range(self.planes):
             if p == 0:
-                torch.bitwise_and(stored, mask, out=plane)
+                torch.bitwise_and(stored, mask, out=planes[0])
             else:
-                torch.bitwise_right_shift(stored, p * bits, out=plane)
+                torch.bitwise_right_shift(stored, p * bits, out=planes[p])
                 if p < self.planes - 1:
-                    plane.bitwise_and_(mask)
-            columns[..., p, :].copy_(plane)
+                    planes[p].bitwise_and_(mask)
+        rows = _SCRATCH.get("codes", out.numel(), torch.uint8, stored.device).view(b, h, n, self.planes * m)
+        torch.cat(list(planes), dim=-1, out=rows)
+        out.copy_(rows)
 
     def _gather(self, stored: torch.Tensor, out: torch.Tensor) -> None:
         """level[code] of stored codes (B, H, n, bytes) into out (B, H, n, D) float32: one gather."""
@@ -336,10 +312,7 @@ class _CodedPiece:
         self.tokens = stop - start
 
     def scores(self, q: torch.Tensor) -> torch.Tensor:
-        if self.keys.folds_scales(self.q.shape[2]):
-            row_scores = self.keys.scores_per_group(self.q, self.start, self.stop)
-        else:
-            row_scores = self.q @ self.keys.rows(self.start, self.stop).transpose(2, 3)
+        row_scores = self.q @ self.keys.rows(self.start, self.stop).transpose(2, 3)
         self.keys.add_score_offsets(row_scores, self.q, self.start, self.stop)
         return self.keys.to_tokens(row_scores)
 
