@@ -393,7 +393,7 @@ def _latency_usage(args: argparse.Namespace) -> str | None:
 
 
 def _codes_latency(args: argparse.Namespace, loaded, contexts: list[int], tiers) -> None:
-    """latency --contexts: attention on the stored codes against native at each context length."""
+    """latency --contexts: the default path (the stored codes; a short context's view) against native per context."""
     import torch
 
     from codeckv.measure.latency import WARMUP_STEPS, codes_latency_table
@@ -407,10 +407,10 @@ def _codes_latency(args: argparse.Namespace, loaded, contexts: list[int], tiers)
 
         rows = codes_latency_table(loaded, contexts, tiers, args.tokens, progress)
     print(format_table(rows, ["tier", "context", "native_decode_ms", "codes_decode_ms", "latency_ratio",
-                              "token_match", "resident_vs_native"]))
-    print(f"{loaded.info.device}, {loaded.info.dtype}, {torch.get_num_threads()} threads: attention on the stored "
-          f"codes (no decoded view), medians of {args.tokens - WARMUP_STEPS} timed greedy steps, caches in turns, "
-          "after one native prefill per context")
+                              "token_match", "resident_vs_native", "attention"]))
+    print(f"{loaded.info.device}, {loaded.info.dtype}, {torch.get_num_threads()} threads: make_cache's default "
+          f"path (attention: where the last step read), medians of {args.tokens - WARMUP_STEPS} timed greedy steps, "
+          "caches in turns, after one native prefill per context")
     out = args.out or f"out/latency-codes-{loaded.info.name.replace('/', '_')}.csv"
     print(f"wrote {write_csv(rows, out)}")
 

@@ -15,7 +15,10 @@ Attention reads the stored codes by default (`materialization_free=None`: CodedL
 codeckv.attention, where models from `codeckv.load_model` are already routed), so the cache holds its
 archive and a few raw tokens, not a full-precision copy. A tier whose codes no kernel reads (png's
 deltas, PCA's entropy-coded chunks: `view_reason`) keeps a decoded view instead; `materialization_free=
-False` asks for the view on any tier (the opt-in), True insists on the codes.
+False` asks for the view on any tier (the opt-in), True insists on the codes. By default the cache also
+chooses by itself a decoded view for the decode steps of a short context (up to SHORT_VIEW_TOKENS tokens,
+where SDPA on it is faster than any kernel on the codes; dropped past it and at rest); `attention` says
+which path the cache is on now (CODES, SHORT_VIEW or VIEW) and held_bytes counts the view.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ from codeckv.codecs.layout import NoRowLayout
 from codeckv.flush import flush_layers
 from codeckv.footprint import Footprint, LayerFootprint
 from codeckv.kernel_ops import layout_of
-from codeckv.layers import CodecLayer, CodedLayer
+from codeckv.layers import SHORT_VIEW_TOKENS, CodecLayer, CodedLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
 from codeckv.schedule import layer_tiers, schedule
 from codeckv.tiers import Tier, as_tier
 
 CODES, VIEW = "on the stored codes", "on a decoded view"  # CodecCache.attention
+SHORT_VIEW = f"on a decoded view while short (up to {SHORT_VIEW_TOKENS} tokens; on the stored codes beyond)"
 
 
 class CodecCache(Cache):
@@ -56,12 +60,17 @@ class CodecCache(Cache):
 
     @property
     def attention(self) -> str:
-        """Where attention reads this cache's archived tokens: CODES (no decoded view), VIEW, or both (a schedule)."""
+        """Where attention reads this cache's archived tokens now: CODES, SHORT_VIEW (codes layers whose decode
+        steps read a short context's view, codeckv/layers.py), VIEW (a decoded view throughout), or both (a
+        schedule whose layers run in different modes)."""
         codec = [layer for layer in self.layers if isinstance(layer, CodecLayer)]
         coded = [layer for layer in codec if isinstance(layer, CodedLayer)]
-        if not coded or len(coded) == len(codec):
-            return CODES if coded else VIEW
-        return f"{CODES} in {len(coded)} of {len(codec)} layers, {VIEW} in the others"
+        if not coded:
+            return VIEW
+        mode = SHORT_VIEW if any(layer.on_view for layer in coded) else CODES
+        if len(coded) == len(codec):
+            return mode
+        return f"{mode} in {len(coded)} of {len(codec)} layers, {VIEW} in the others"
 
     @classmethod
     def from_config(
@@ -72,7 +81,8 @@ class CodecCache(Cache):
 
         materialization_free: True = CodedLayer (attention on the stored codes, no decoded view), False =
         CodecLayer (a decoded view), None = the codes wherever the tier allows (view_reason) and the model
-        attends through codeckv.attention (load_model does that; else use_codec_attention(model)), else the view.
+        attends through codeckv.attention (load_model does that; else use_codec_attention(model)), else the view;
+        with None, decode steps up to SHORT_VIEW_TOKENS read a decoded view (SHORT_VIEW, codeckv/layers.py).
         calibration: the model's Calibration for a PCA tier (codeckv.calibration.calibration_for), required there
         (a list of them for a per-layer schedule mixing PCA tiers: codeckv/schedule.py).
         """
@@ -232,11 +242,13 @@ def _by_spec(calibration) -> dict:
 def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibration: Calibration | None,
                        layer_types: list[str]):
     """A function: layer index -> a new codec layer of the plain `tier`, after checking that it can be built."""
+    short_view = materialization_free is None  # the cache's own choice: a short context's decode steps on a view
     if materialization_free is None:
         materialization_free = view_reason(tier) is None
     if tier.joint is None:
-        codec_layer = CodedLayer if materialization_free else CodecLayer
-        return lambda index: codec_layer(tier)
+        if materialization_free:
+            return lambda index: CodedLayer(tier, short_view)
+        return lambda index: CodecLayer(tier)
     if materialization_free:
         raise ValueError(f"tier '{tier.name}' codes keys and values jointly with entropy-coded chunks, which no "
                          "kernel reads: materialization_free=True is not supported (allowed: None or False, a view)")

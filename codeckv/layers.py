@@ -14,6 +14,10 @@ the archive. A unit is lcm(key block, value block, MIN_ARCHIVE_TOKENS) tokens.
   attention reads, so a decode step costs O(one block): no full-length copy or re-decode per step.
 - CodedLayer keeps no view: its update() returns shape-only "meta" tensors tagged with the layer and
   codeckv.attention runs kernels.decode_attention on its segments (the stored codes, the raw tokens).
+  Short contexts are the exception: a decode step on a layer holding at most SHORT_VIEW_TOKENS tokens
+  reads a decoded view (built once, then kept as CodecLayer keeps its own), which SDPA reads faster than
+  any kernel reads the codes there; past SHORT_VIEW_TOKENS, or at rest, the view goes. Prefill chunks
+  never build it, so a long prompt's peak stays the archive plus one chunk. held_bytes counts it.
 
 At rest (`compact()`, e.g. an idle chat session) a layer keeps only what cannot be rebuilt: the archive,
 exact-size, and its raw tokens (RawTokens); `restore()`, or the next update, decodes the archive into
@@ -44,6 +48,7 @@ from codeckv.tiers import Tier
 MIN_ARCHIVE_TOKENS = 8
 VIEW_GROWTH_TOKENS = 256  # the decoded view grows by at least this many tokens (25% beyond a long prompt)
 TAG = "codeckv_layer"  # attribute of the meta tensors a CodedLayer returns (codeckv.attention reads it)
+SHORT_VIEW_TOKENS = 2048  # a CodedLayer's decode steps read a decoded view while it holds at most this many tokens
 
 
 @dataclass
@@ -390,7 +395,15 @@ def _cat(pair: tuple[torch.Tensor, torch.Tensor] | None, k: torch.Tensor, v: tor
 
 
 class CodedLayer(CodecLayer):
-    """A CodecLayer without the decoded view: attention runs on the stored codes (module docstring)."""
+    """A CodecLayer without the decoded view: attention runs on the stored codes (module docstring).
+
+    short_view: decode steps at a short context read a decoded view (module docstring; make_cache's default
+    path asks for it); False = the codes always.
+    """
+
+    def __init__(self, tier: Tier, short_view: bool = False) -> None:
+        self.short_view = short_view
+        super().__init__(tier)
 
     def _reset_state(self) -> None:
         self.length = 0  # tokens held
@@ -398,11 +411,27 @@ class CodedLayer(CodecLayer):
         self.archive_k, self.archive_v = Archive(tight=True), Archive(tight=True)
         self._sinks: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, H, <= keep_first, D) raw
         self._tail: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [archived_upto, length) raw
+        self._drop_view()
+
+    def _drop_view(self) -> None:
+        """Forget the short-context view (module docstring): the codes are read until a decode step rebuilds it."""
+        self._view_k = self._view_v = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
+
+    @property
+    def on_view(self) -> bool:
+        """True while decode steps read the short-context view instead of the codes."""
+        return self._view_k is not None
+
+    @property
+    def needs_decoded(self) -> bool:
+        """flush_layers decodes what it archives only for the short-context view (the codes need no decoding)."""
+        return self.on_view
 
     @torch.inference_mode()
     def compact(self) -> None:
-        """Already at rest (no view): only the archive's capacity slack goes."""
+        """At rest: the short-context view (if any) and the archive's capacity slack go."""
         self.flush()
+        self._drop_view()
         self._trim_archive()
 
     def restore(self) -> float:
@@ -433,12 +462,35 @@ class CodedLayer(CodecLayer):
             self._sinks = _cat(self._sinks, key_states[:, :, :sinks], value_states[:, :, :sinks])
         if sinks < new:
             self._tail = _cat(self._tail, key_states[:, :, sinks:], value_states[:, :, sinks:])
+        if self.length + new > SHORT_VIEW_TOKENS:
+            self._drop_view()
+        elif self.on_view:
+            self._ensure_capacity(key_states, self.length + new)
+            self._view_k[:, :, self.length : self.length + new] = key_states
+            self._view_v[:, :, self.length : self.length + new] = value_states
         self.length += new
+        if self.short_view and new == 1 and not self.on_view and self.length <= SHORT_VIEW_TOKENS:
+            self._build_view(key_states, value_states)  # a decode step at a short context (module docstring)
+        if self.on_view:
+            self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+            return self.keys, self.values
         self.keys, self.values = self._shapes(key_states, value_states)
         keys, values = self._shapes(key_states, value_states)
         setattr(keys, TAG, self)
         setattr(values, TAG, self)
         return keys, values
+
+    def _build_view(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Decode every held token into a new view of the layer's length plus VIEW_GROWTH_TOKENS (capped)."""
+        b, h, _, d = key_states.shape
+        capacity = min(self.length + VIEW_GROWTH_TOKENS, SHORT_VIEW_TOKENS)
+        self._view_k = key_states.new_empty((b, h, capacity, d))
+        self._view_v = value_states.new_empty((b, h, capacity, value_states.shape[3]))
+        parts = [self._sinks, self._decode_archive(key_states) if self.archive_k.tokens else None, self._tail]
+        at = 0
+        for keys, values in (part for part in parts if part is not None):
+            self._view_k[:, :, at : at + keys.shape[2]], self._view_v[:, :, at : at + keys.shape[2]] = keys, values
+            at += keys.shape[2]
 
     def _shapes(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, H, length, D) meta tensors: shapes for whoever asks, no storage."""
@@ -463,8 +515,6 @@ class CodedLayer(CodecLayer):
             tail = key_states[:, :, sinks:], value_states[:, :, sinks:]
             self._tail = tail if self._archivable() else (tail[0].clone(), tail[1].clone())  # flush clones the rest
 
-    needs_decoded = False
-
     def _span(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._tail[0][:, :, :count], self._tail[1][:, :, :count]
 
@@ -474,6 +524,9 @@ class CodedLayer(CodecLayer):
         self.archive_v.append(values)
         k, v = self._tail
         self._tail = (k[:, :, count:].clone(), v[:, :, count:].clone())
+        if self.on_view:  # the view holds what attention on the codes would read: the decoded tokens
+            span = slice(self.archived_upto, self.archived_upto + count)
+            self._view_k[:, :, span], self._view_v[:, :, span] = decoded
         self.archived_upto += count
 
     def segments(self) -> list[Segment]:
@@ -514,6 +567,7 @@ class CodedLayer(CodecLayer):
         """Drop the last -tokens_to_remove tokens; a partly cropped block goes back to the raw tail, decoded."""
         if not self._shorten(tokens_to_remove):
             return
+        self._drop_view()
         keep_first = self.tier.keep_first
         if self._sinks is not None:
             self._sinks = tuple(t[:, :, : min(self.length, keep_first)] for t in self._sinks)
@@ -535,6 +589,7 @@ class CodedLayer(CodecLayer):
 
     @torch.inference_mode()
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._drop_view()
         for name in ("_sinks", "_tail"):
             pair = getattr(self, name)
             if pair is not None:
@@ -544,6 +599,7 @@ class CodedLayer(CodecLayer):
 
     @torch.inference_mode()
     def batch_repeat_interleave(self, repeats: int) -> None:
+        self._drop_view()
         for name in ("_sinks", "_tail"):
             pair = getattr(self, name)
             if pair is not None:
@@ -552,18 +608,21 @@ class CodedLayer(CodecLayer):
         self.archive_v.repeat_batch(repeats)
 
     def held_bytes(self) -> int:
-        """Bytes of every tensor this layer owns now: archive buffers and the raw sinks and tail (no flush)."""
-        pairs = [p for p in (self._sinks, self._tail) if p is not None]
-        return self._stored()[2] + sum(t.numel() * t.element_size() for p in pairs for t in p)
+        """Bytes of every tensor this layer owns now: archive buffers, raw sinks and tail, any short view (no flush)."""
+        return self._stored()[2] + self._raw_and_view_bytes()
+
+    def _raw_and_view_bytes(self) -> int:
+        view = None if self._view_k is None else (self._view_k, self._view_v)
+        pairs = [p for p in (self._sinks, self._tail, view) if p is not None]
+        return sum(t.numel() * t.element_size() for p in pairs for t in p)
 
     def footprint(self, layer: int) -> LayerFootprint:
-        """Bytes for the tokens held (design.md definitions); resident = archive buffers + raw tokens."""
+        """Bytes for the tokens held (design.md definitions); resident = archive + raw tokens + any short view."""
         if not self.is_initialized or self.length == 0:
             return LayerFootprint(layer, "codec", True, 0, 0, 0, 0)
         self.flush()
-        pairs = [p for p in (self._sinks, self._tail) if p is not None]
-        raw_bytes = sum(t.numel() * t.element_size() for p in pairs for t in p)
         b, h, _, d = self.keys.shape
-        return self._footprint(layer, b * h * (d + self.values.shape[3]), self.keys.element_size(), raw_bytes)
+        values_per_token = b * h * (d + self.values.shape[3])
+        return self._footprint(layer, values_per_token, self.keys.element_size(), self._raw_and_view_bytes())
 
 

@@ -16,6 +16,8 @@ digest refuses). The safetensors metadata holds one key, "codeckv", a JSON objec
                           [[layer index, tier], ...], the per-layer schedule (codeckv/schedule.py; [] = none)
     materialization_free  the mode the cache ran in: true (attention on the codes), false (a decoded view), or
                           null (a schedule whose layers differ: the codes wherever the layer's tier allows)
+    short_view            true when its codes layers chose a short context's decoded view by themselves (the
+                          default path, codeckv/layers.py); absent = false
     model                 name (null when not given), geometry (per layer: "codec" or "sliding" and its window;
                           KV heads, head_dim, dtype), calibration (PCA tiers: sha256 of every layer's coder; else null)
     tokens, batch         tokens every layer holds; rows of the batch
@@ -59,7 +61,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from codeckv.codecs import DCT, Cast, Delta, GroupQuant, LloydMaxQuant, Rotation
 from codeckv.codecs.pca import SINK_CODEC, JointPCA
 from codeckv.codecs.rate import SKIP
-from codeckv.layers import CodecLayer
+from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
 from codeckv.schedule import tiers_used
@@ -306,6 +308,7 @@ def save_cache(cache, path: str | Path, token_ids, model=None, extra=None) -> in
     header = {
         "format": FORMAT, "version": VERSION, "tier": tier_spec(cache.tier),
         "materialization_free": _mode(cache),
+        "short_view": any(getattr(layer, "short_view", False) for layer in cache.layers),
         "model": {"name": name, "geometry": geometry, "calibration": calibration_digest(pca) if pca else None},
         "tokens": ids.shape[1], "batch": ids.shape[0], "layers": layers, "splits": splits,
         "sha256": _tensors_digest(tensors), "extra": extra,
@@ -412,6 +415,10 @@ def load_cache(path: str | Path, source, max_bytes: int = MAX_FILE_BYTES, materi
         cache = CodecCache.from_config(model.config, tier, mode, calibration)
     except ValueError as err:
         raise SavedCacheError(f"the saved tier cannot run on this model: {err}") from None
+    if materialization_free is None and header.get("short_view") is True:  # as saved: the default path's choice
+        for layer in cache.layers:
+            if isinstance(layer, CodedLayer):
+                layer.short_view = True
     if geometry != model_geometry(model, cache):
         raise SavedCacheError(f"this cache was saved from a model of another shape ({geometry}) than "
                               f"{name or 'this model'} ({model_geometry(model, cache)}) (allowed: the same model)")

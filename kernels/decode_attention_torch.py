@@ -13,7 +13,9 @@ that of SDPA.
              queries and the output, never on the rows) and one cast; codebook (Lloyd-Max) codes by one
              gather from a table that unpacks and looks up at once (a byte -> 1, 2 or 4 levels; 3-bit
              codes: 12-bit halves of each 3-byte unit -> 4 levels each); 8-bit integer codes and raw rows
-             by one cast; then one multiply(-add) by the scales (and zeros) of their groups, in float32
+             by one cast; then one multiply by the scales of their groups, in float32. The offsets
+             (zeros) never touch the rows: folded into the scores (q . offset once per group) and the
+             output (the weights summed per group, times the offsets), they cost a pass over queries only
     passes   consecutive pieces whose scores fit SCORE_BYTES form a pass: their scores (queries
              pre-scaled) go into one (B, Hkv, G*T, n) buffer, softmax'd (the mask added where it hides
              a token of the pass) and applied to the values piece by piece; passes merge with an online
@@ -152,7 +154,7 @@ class _Side:
         return self.layout.k / self.layout.block
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
-        """Dequantized rows of tokens [start, stop) (whole units): (B, H, n_rows, D) float32."""
+        """Rows of tokens [start, stop) (whole units), scaled but without their offsets: (B, H, n_rows, D) float32."""
         k, r = self.layout.k, self.layout.block
         r0, r1 = start // r * k, stop // r * k
         stored = self.data[:, :, r0:r1]
@@ -169,30 +171,71 @@ class _Side:
         if spec is None:
             return out
         if spec.per_channel:  # rows (B, H, n/g, g, D) with scales (B, H, n/g, 1, D)
-            lo, hi = r0 // spec.group, r1 // spec.group
-            scale, offset = self.scale[:, :, lo:hi], None if self.offset is None else self.offset[:, :, lo:hi]
+            scale = self.scale[:, :, r0 // spec.group : r1 // spec.group]
             if self.planes > 1:  # column (plane p, byte i) is channel planes*i + p: (.., planes, D/planes)
-                scale, offset = (None if t is None else t.unflatten(-1, (-1, self.planes)).transpose(-1, -2)
-                                 for t in (scale, offset))
+                scale = scale.unflatten(-1, (-1, self.planes)).transpose(-1, -2)
             grouped = out.view(b, h, n // spec.group, spec.group, *scale.shape[3:])
-            scale, offset = (None if t is None else t.unsqueeze(3) for t in (scale, offset))
-        else:  # rows (B, H, n, D/g, g) with scales (B, H, n, D/g, 1); planar: (B, H, n, planes, D/g, g/planes)
-            scale, offset = self.scale[:, :, r0:r1], None if self.offset is None else self.offset[:, :, r0:r1]
-            if self.planes > 1:
-                grouped = out.view(b, h, n, self.planes, d // spec.group, spec.group // self.planes)
-                scale, offset = (None if t is None else t.unsqueeze(3).unsqueeze(5) for t in (scale, offset))
-            else:
-                grouped = out.view(b, h, n, d // spec.group, spec.group)
-                scale, offset = (None if t is None else t.unsqueeze(4) for t in (scale, offset))
-        scale, offset = (None if t is None else t.to(torch.float32, memory_format=torch.contiguous_format)
-                         for t in (scale, offset))  # small; float32 and dense keep the large op vectorized
-        if offset is None:
-            grouped.mul_(scale)
-        elif spec.per_channel:
-            torch.addcmul(offset, grouped, scale, out=grouped)
-        else:  # a scale per group of channels: addcmul's inner broadcast is not vectorized, mul_ and add_ are
-            grouped.mul_(scale).add_(offset)
+            scale = scale.unsqueeze(3)
+        elif self.planes > 1:  # rows (B, H, n, planes, D/g, g/planes) with scales (B, H, n, 1, D/g, 1)
+            grouped = out.view(b, h, n, self.planes, d // spec.group, spec.group // self.planes)
+            scale = self.scale[:, :, r0:r1].unsqueeze(3).unsqueeze(5)
+        else:  # rows (B, H, n, D/g, g) with scales (B, H, n, D/g, 1)
+            grouped = out.view(b, h, n, d // spec.group, spec.group)
+            scale = self.scale[:, :, r0:r1].unsqueeze(4)
+        grouped.mul_(scale.to(torch.float32, memory_format=torch.contiguous_format))  # small; dense keeps it vectorized
         return out
+
+    def offsets(self, start: int, stop: int) -> tuple[torch.Tensor, bool] | None:
+        """The offsets of the rows of tokens [start, stop) as float32, and whether they are per channel; None if none.
+
+        rows() leaves them out: added to every row they would cost a pass over the rows, while folded into
+        the scores (score_offsets) or the output (output_offsets) they touch only the few query rows.
+        Per channel: (B, H, n_rows / group, D) in row-column order; per token: (B, H, n_rows, D / group).
+        """
+        if self.offset is None:
+            return None
+        k, r = self.layout.k, self.layout.block
+        r0, r1 = start // r * k, stop // r * k
+        if self.spec.per_channel:
+            offset = self.offset[:, :, r0 // self.spec.group : r1 // self.spec.group].float()
+            return (offset if self.perm is None else offset[..., self.perm]), True
+        return self.offset[:, :, r0:r1].float(), False
+
+    def _group_sums(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) in row-column order summed over each group of channels: (..., D / group)."""
+        if self.planes > 1:  # column (plane p, byte i) is channel planes*i + p
+            return x.unflatten(-1, (self.planes, -1, self.spec.group // self.planes)).sum((-3, -1))
+        return x.unflatten(-1, (-1, self.spec.group)).sum(-1)
+
+    def _group_spread(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D / group) repeated to every channel of its group, in row-column order: (..., D)."""
+        g = self.spec.group
+        if self.planes > 1:
+            return x[..., None, :, None].expand(*x.shape[:-1], self.planes, x.shape[-1], g // self.planes).flatten(-3)
+        return x.repeat_interleave(g, dim=-1)
+
+    def add_score_offsets(self, row_scores: torch.Tensor, q: torch.Tensor, start: int, stop: int) -> None:
+        """Add to row_scores (B, H, NQ, n_rows) the part of q . row that the offsets make (q in row-column order)."""
+        found = self.offsets(start, stop)
+        if found is None:
+            return
+        offset, per_channel = found
+        if per_channel:  # every row of a group shares its offsets: q . offset once per group
+            bias = q @ offset.transpose(2, 3)  # (B, H, NQ, n_rows / group)
+            row_scores.unflatten(-1, (-1, self.spec.group)).add_(bias.unsqueeze(-1))
+        else:  # an offset per group of a row's channels: (sum of q over the group) . offset
+            row_scores.add_(self._group_sums(q) @ offset.transpose(2, 3))
+
+    def add_output_offsets(self, out: torch.Tensor, row_weights: torch.Tensor, start: int, stop: int) -> None:
+        """Add to out (B, H, NQ, D) the part of row_weights @ rows that the offsets make."""
+        found = self.offsets(start, stop)
+        if found is None:
+            return
+        offset, per_channel = found
+        if per_channel:  # the weights of a group's rows summed, times the group's offsets
+            out.add_(row_weights.unflatten(-1, (-1, self.spec.group)).sum(-1) @ offset)
+        else:
+            out.add_(self._group_spread(row_weights @ offset))
 
     def _unpack(self, stored: torch.Tensor, out: torch.Tensor) -> None:
         """Integer codes (B, H, n, bytes) into out (B, H, n, D) float32 as planes: code p of every byte, p-major.
@@ -269,10 +312,15 @@ class _CodedPiece:
         self.tokens = stop - start
 
     def scores(self, q: torch.Tensor) -> torch.Tensor:
-        return self.keys.to_tokens(self.q @ self.keys.rows(self.start, self.stop).transpose(2, 3))
+        row_scores = self.q @ self.keys.rows(self.start, self.stop).transpose(2, 3)
+        self.keys.add_score_offsets(row_scores, self.q, self.start, self.stop)
+        return self.keys.to_tokens(row_scores)
 
     def weighted(self, weights: torch.Tensor) -> torch.Tensor:
-        return self.values.output(self.values.to_rows(weights) @ self.values.rows(self.start, self.stop))
+        row_weights = self.values.to_rows(weights)
+        out = row_weights @ self.values.rows(self.start, self.stop)
+        self.values.add_output_offsets(out, row_weights, self.start, self.stop)
+        return self.values.output(out)
 
 
 def _pieces(segments: list[Segment], q: torch.Tensor, max_tokens: int, head_dims: tuple[int, int]):

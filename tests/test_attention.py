@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from codeckv.attention import use_codec_attention
-from codeckv.cache import CodecCache, make_cache
-from codeckv.layers import CodecLayer, CodedLayer
+from codeckv.cache import CODES, SHORT_VIEW, CodecCache, held_bytes, make_cache
+from codeckv.layers import TAG, CodecLayer, CodedLayer
 from codeckv.tiers import TIERS
 
 RESIDENT_SLACK = 0.05  # resident bytes may exceed the archive by at most 5% (at 4k tokens)
@@ -44,6 +44,45 @@ def test_greedy_tokens_equal_the_materialized_cache(loaded, long_prompt, codec_a
     assert torch.equal(got, materialized), f"{tier}: materialization-free greedy tokens differ"
     assert all(isinstance(layer, CodedLayer) for layer in cache.layers)
     assert cache.layers[0].archive_k.tokens > 200, "the archive must really be read"
+
+
+def test_the_default_path_decodes_a_short_context_on_a_view_with_the_tokens_of_the_codes(
+    loaded, long_prompt, codec_attention_model
+):
+    codes = make_cache(loaded.model.config, "jpeg-k8-int8", materialization_free=True)
+    default = make_cache(loaded.model.config, "jpeg-k8-int8")
+    want = _greedy(codec_attention_model, long_prompt, codes, 16)
+    assert torch.equal(_greedy(codec_attention_model, long_prompt, default, 16), want)
+    assert default.attention == SHORT_VIEW and codes.attention == CODES, "the stats say which path ran"
+    view_bytes = sum(layer._view_k.nbytes + layer._view_v.nbytes for layer in default.layers)
+    assert held_bytes(default) == held_bytes(codes) + view_bytes, "held counts the view"
+    default.compact()
+    codes.compact()
+    assert default.attention == CODES and held_bytes(default) == held_bytes(codes), "at rest: no view"
+
+
+@pytest.mark.parametrize("tier", ["jpeg-k8-int8", "turbo-4", "int8"])
+def test_short_view_attends_like_the_codes_and_goes_past_its_length(tier, monkeypatch):
+    monkeypatch.setattr("codeckv.layers.SHORT_VIEW_TOKENS", 100)
+    torch.manual_seed(0)
+    config = dataclasses.replace(TIERS[tier], keep_first=3, keep_recent=5)
+    short, coded = CodedLayer(config, short_view=True), CodedLayer(config)
+    x, y = torch.randn(1, 3, 70, 64), torch.randn(1, 3, 70, 64)
+    assert hasattr(short.update(x, y)[0], TAG) and not short.on_view, "a prefill chunk never builds the view"
+    coded.update(x, y)
+    for step in range(40):
+        k, v = torch.randn(1, 3, 1, 64), torch.randn(1, 3, 1, 64)
+        keys, values = short.update(k, v)
+        coded.update(k, v)
+        query = torch.randn(1, 9, 1, 64)
+        assert short.on_view == (short.length <= 100), f"step {step}: the view lives up to SHORT_VIEW_TOKENS"
+        if short.on_view:
+            got = F.scaled_dot_product_attention(query, keys, values, enable_gqa=True)
+            torch.testing.assert_close(got, coded.attend(query, None, None), atol=1e-5, rtol=1e-5, msg=f"step {step}")
+            assert short.held_bytes() == coded.held_bytes() + short._view_k.nbytes + short._view_v.nbytes
+        else:
+            assert hasattr(keys, TAG) and short.held_bytes() == coded.held_bytes(), "past it: the codes alone"
+    assert short.archive_k.tokens == coded.archive_k.tokens > 64
 
 
 def test_native_cache_under_codec_attention_is_plain_sdpa(loaded, codec_attention_model):

@@ -23,6 +23,7 @@ CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
 PER_TENSOR = [name for name in CODEC_TIERS if TIERS[name].joint is None]
 PROMPT = 45  # tokens: several archive units of every tier, a raw tail, past the sliding window (16)
 CASES = [(name, False) for name in CODEC_TIERS] + [(name, True) for name in PER_TENSOR]
+DEFAULT_PATH = [("turbo-4", None), ("jpeg-k8-int8", None)]  # make_cache's default: a short context's view
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,7 @@ def test_compact_holds_archive_and_raw_tokens_and_restores_bit_for_bit(tiny, tie
     assert got == want and torch.equal(torch.stack(got_logits), torch.stack(want_logits)), f"{tier}: same logits"
 
 
-@pytest.mark.parametrize("tier, materialization_free", CASES)
+@pytest.mark.parametrize("tier, materialization_free", CASES + DEFAULT_PATH)
 def test_resume_from_a_file_gives_the_same_greedy_tokens(tiny, tier, materialization_free, tmp_path):
     model, calibrations, prompt = tiny
     cache = _cache(tiny, tier, materialization_free)
@@ -98,6 +99,7 @@ def test_resume_from_a_file_gives_the_same_greedy_tokens(tiny, tier, materializa
     feed = torch.tensor([[tokens[-1]]])
     want, want_logits = _greedy(model, cache, feed, 5)
     got, got_logits = _greedy(model, saved.cache, feed, 5)
+    assert saved.cache.attention == cache.attention, "resumed on the path the saved cache was on"
     assert got == want, f"{tier}: a resumed cache must answer as the saved one"
     torch.testing.assert_close(torch.stack(got_logits), torch.stack(want_logits), rtol=0, atol=0)
 

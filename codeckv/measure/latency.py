@@ -4,8 +4,9 @@ latency_table: each (tier, view) pair is one run_side_by_side on the same prompt
 the codec cache generate in turns, token by token, so each row's native and codec medians come from the
 same moments. materialization_free=True keeps no decoded view: attention reads the stored codes.
 
-codes_latency_table (`--contexts 1024,4096,8192`): attention on the stored codes only, at several context
-lengths, every tier's cache decoding in turns with one native cache per context.
+codes_latency_table (`--contexts 1024,4096,8192`): the default path of make_cache (attention on the stored
+codes; a decoded view for the decode steps of a short context, SHORT_VIEW) at several context lengths,
+every tier's cache decoding in turns with one native cache per context; each row says which path ran.
 """
 
 from __future__ import annotations
@@ -71,12 +72,13 @@ def codes_latency_table(
     max_new_tokens: int = 32,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict]:
-    """Decode ms/token with attention on the stored codes against native, one row per context and tier.
+    """Decode ms/token of the default path (on the stored codes; SHORT_VIEW at a short context) against native.
 
     Per context: one native prefill of the first N corpus tokens (PREFILL_CHUNK tokens per forward);
-    every tier's cache is converted from it (CodecCache.from_cache, materialization_free=True, so no
-    decoded view); then the native cache and every tier's cache generate greedily in turns, one token
-    each (round robin, the order reversed every round), so all medians of a context come from the same
+    every tier's cache is converted from it (CodecCache.from_cache, default materialization_free=None;
+    `attention` says where its last step read); then the native cache and every tier's cache generate
+    greedily in turns, one token each (round robin, the order reversed every round), so all medians of a
+    context come from the same
     moments. The first WARMUP_STEPS steps are not timed. `native_bytes` is the native cache's tensors,
     `resident_bytes` what the codec cache holds (footprint), both after the last step.
     """
@@ -93,7 +95,7 @@ def codes_latency_table(
             logits = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], native)
         prefill_s = time.perf_counter() - start
         runs = [_Decoder("native", native, logits)]
-        runs += [_Decoder(t.name, CodecCache.from_cache(native, t, materialization_free=True), logits) for t in tiers]
+        runs += [_Decoder(t.name, CodecCache.from_cache(native, t), logits) for t in tiers]
         for step in range(max_new_tokens):
             for run in runs if step % 2 == 0 else reversed(runs):
                 run.step(loaded.model, timed=step >= WARMUP_STEPS)
@@ -106,6 +108,7 @@ def codes_latency_table(
             rows.append({
                 "tier": run.label,
                 "context": context,
+                "attention": run.cache.attention,
                 "device": loaded.info.device,
                 "dtype": loaded.info.dtype,
                 "threads": torch.get_num_threads(),

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 import torch
 from transformers import Cache, DynamicCache
 
-from codeckv.cache import CODES, CodecCache, footprint, held_bytes, make_cache, view_reason
+from codeckv.cache import VIEW, CodecCache, footprint, held_bytes, make_cache, view_reason
 from codeckv.calibration import calibration_for
 from codeckv.generate import chat_input_ids, next_logits, stop_token_ids
 from codeckv.layers import CodecLayer
@@ -81,8 +81,8 @@ class Run:
 
     @property
     def on_codes(self) -> bool:
-        """True when attention reads this run's stored codes (no decoded view)."""
-        return isinstance(self.cache, CodecCache) and self.cache.attention == CODES
+        """True when attention reads this run's stored codes (no decoded view beyond a short context's)."""
+        return isinstance(self.cache, CodecCache) and self.cache.attention != VIEW
 
     @property
     def attention(self) -> str:
@@ -90,7 +90,7 @@ class Run:
         if not isinstance(self.cache, CodecCache):
             return "native cache"
         if self.on_codes:
-            return CODES
+            return self.cache.attention
         why = view_reason(self.tier)
         return f"{self.cache.attention} ({why or 'asked for'})"
 

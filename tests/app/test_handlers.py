@@ -8,7 +8,7 @@ import pytest
 
 import app
 from codeckv import service
-from codeckv.cache import CodecCache
+from codeckv.cache import SHORT_VIEW, CodecCache
 from codeckv.inputs import DOCUMENTS
 from codeckv.layers import CodecLayer, CodedLayer
 from codeckv.measure.chat import ChatSession
@@ -126,7 +126,8 @@ def test_a_per_layer_schedule_from_advanced_settings_runs_with_each_layer_on_its
 def test_attention_reads_the_codes_by_default_and_the_stats_say_where():
     question = "What is the capital of France?"
     *_, codec_stats, _, _, _, session = _turn(question, tier="turbo-4")[-1]
-    assert "attention on the stored codes" in codec_stats and "through the codec cache, on the codes" in codec_stats
+    assert f"attention {SHORT_VIEW}" in codec_stats, "a short chat: the view the cache chose, and the stats say so"
+    assert "through the codec cache, on the codes" in codec_stats
     assert isinstance(session.runs[1].cache.layers[0], CodedLayer)
     *_, codec_stats, _, _, _, session = _turn(question, tier="turbo-4", decoded_view=True)[-1]
     assert "attention on a decoded view (asked for)" in codec_stats
