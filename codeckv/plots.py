@@ -75,8 +75,9 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 
 LABEL_OFFSETS = [(0, -30), (0, 30), (60, -24), (60, 24), (-60, -24), (-60, 24), (80, 0), (-80, 0),
-                 (0, -55), (0, 55), (90, -45), (-90, -45), (90, 45), (-90, 45)]  # pixels, nearest first
-LABEL_CHAR_PX, LABEL_HEIGHT_PX, MARKER_PX = 8.0, 18.0, 16.0  # a 14 px label's character and line; a marker's box
+                 (0, -55), (0, 55), (90, -45), (-90, -45), (90, 45), (-90, 45), (130, 0), (-130, 0),
+                 (0, -80), (0, 80), (120, -70), (-120, -70), (120, 70), (-120, 70)]  # pixels, nearest first
+LABEL_CHAR_PX, LABEL_HEIGHT_PX, MARKER_PX = 8.5, 24.0, 18.0  # a 14 px label's character and line (with room), a marker
 
 
 def place_labels(xs: list[float], ys: list[float], labels: list[str], x_range: tuple[float, float],
@@ -101,7 +102,7 @@ def place_labels(xs: list[float], ys: list[float], labels: list[str], x_range: t
     taken = [box(px, py, MARKER_PX, MARKER_PX) for px, py in points]
     offsets = []
     for (px, py), label in zip(points, labels):
-        w = LABEL_CHAR_PX * len(label) + 6
+        w = LABEL_CHAR_PX * len(label) + 12
 
         def cost(offset, px=px, py=py, w=w) -> float:
             rect = box(px + offset[0], py + offset[1], w, LABEL_HEIGHT_PX)

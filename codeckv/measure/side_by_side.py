@@ -36,7 +36,7 @@ from collections.abc import Iterator
 import torch
 from transformers import Cache, DynamicCache
 
-from codeckv.cache import VIEW, CodecCache, footprint, held_bytes, make_cache, view_reason
+from codeckv.cache import CODES, SHORT_VIEW, VIEW, CodecCache, footprint, held_bytes, make_cache, view_reason
 from codeckv.calibration import calibration_for
 from codeckv.generate import chat_input_ids, next_logits, stop_token_ids
 from codeckv.layers import CodecLayer
@@ -89,10 +89,11 @@ class Run:
         """Where attention reads the archived tokens, and why when it is a decoded view."""
         if not isinstance(self.cache, CodecCache):
             return "native cache"
-        if self.on_codes:
-            return self.cache.attention
+        attention = self.cache.attention
+        if attention in (CODES, SHORT_VIEW):  # no layer keeps a view beyond a short context's
+            return attention
         why = view_reason(self.tier)
-        return f"{self.cache.attention} ({why or 'asked for'})"
+        return f"{attention} ({why or 'asked for'})"
 
     def start_turn(self, prompt_tokens: int, max_new: int) -> None:
         self.prompt_tokens, self.max_new = prompt_tokens, max_new
