@@ -69,6 +69,9 @@ def test_long_document_chat_from_the_examples(page):
     page.locator("#clear").click()
     page.wait_for_timeout(500)
     page.get_by_text("What does the finally clause do?").first.click()  # the long-document example row
+    deadline = time.time() + 30  # the example fills the message box (and the document) asynchronously
+    while "finally" not in page.locator("#message textarea").input_value() and time.time() < deadline:
+        page.wait_for_timeout(200)
     page.get_by_role("button", name="Send").click()
     _wait_for_stats(page)
     stats = page.locator("#codec-stats").inner_text()
