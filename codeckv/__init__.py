@@ -34,7 +34,7 @@ _HOMES = {
     "Rotation": "codeckv.codecs",
     "Footprint": "codeckv.footprint",
     "CodecLayer": "codeckv.layers",
-    "CodedLayer": "codeckv.layers",
+    "CodedLayer": "codeckv.coded_layer",
     "DEFAULT_MODEL": "codeckv.models",
     "LoadedModel": "codeckv.models",
     "ModelUnavailableError": "codeckv.models",

@@ -4,7 +4,7 @@
     use_codec_attention(model)          # the "codeckv" attention function (codeckv.load_model does this)
     model.generate(input_ids, cache=cache, max_new_tokens=64)
 
-A CodedLayer (codeckv/layers.py) returns shape-only "meta" tensors tagged with itself;
+A CodedLayer (codeckv/coded_layer.py) returns shape-only "meta" tensors tagged with itself;
 `codec_attention`, registered in transformers' AttentionInterface, recognizes the tag and runs
 kernels.decode_attention on the layer's segments (Triton on CUDA, the chunked torch reference
 elsewhere). Untagged keys (native layers, sliding-window layers, a materialized CodecLayer) go to
@@ -20,7 +20,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from codeckv.layers import TAG
+from codeckv.coded_layer import TAG
 from codeckv.stacked import STACK_TAG
 
 ATTENTION = "codeckv"  # the attn_implementation name

@@ -38,10 +38,11 @@ from transformers.cache_utils import (
 
 from codeckv.calibration import Calibration, calibration_for
 from codeckv.codecs.layout import NoRowLayout
+from codeckv.coded_layer import SHORT_VIEW_TOKENS, CodedLayer
 from codeckv.flush import flush_layers
 from codeckv.footprint import Footprint, LayerFootprint
 from codeckv.kernel_ops import layout_of
-from codeckv.layers import SHORT_VIEW_TOKENS, CodecLayer, CodedLayer
+from codeckv.layers import CodecLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
 from codeckv.schedule import layer_tiers, schedule
@@ -61,7 +62,7 @@ class CodecCache(Cache):
     @property
     def attention(self) -> str:
         """Where attention reads this cache's archived tokens now: CODES, SHORT_VIEW (codes layers whose decode
-        steps read a short context's view, codeckv/layers.py), VIEW (a decoded view throughout), or both (a
+        steps read a short context's view, codeckv/coded_layer.py), VIEW (a decoded view throughout), or both (a
         schedule whose layers run in different modes)."""
         codec = [layer for layer in self.layers if isinstance(layer, CodecLayer)]
         coded = [layer for layer in codec if isinstance(layer, CodedLayer)]
@@ -82,7 +83,7 @@ class CodecCache(Cache):
         materialization_free: True = CodedLayer (attention on the stored codes, no decoded view), False =
         CodecLayer (a decoded view), None = the codes wherever the tier allows (view_reason) and the model
         attends through codeckv.attention (load_model does that; else use_codec_attention(model)), else the view;
-        with None, decode steps up to SHORT_VIEW_TOKENS read a decoded view (SHORT_VIEW, codeckv/layers.py).
+        with None, decode steps up to SHORT_VIEW_TOKENS read a decoded view (SHORT_VIEW, codeckv/coded_layer.py).
         calibration: the model's Calibration for a PCA tier (codeckv.calibration.calibration_for), required there
         (a list of them for a per-layer schedule mixing PCA tiers: codeckv/schedule.py).
         """

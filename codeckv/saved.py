@@ -17,7 +17,7 @@ digest refuses). The safetensors metadata holds one key, "codeckv", a JSON objec
     materialization_free  the mode the cache ran in: true (attention on the codes), false (a decoded view), or
                           null (a schedule whose layers differ: the codes wherever the layer's tier allows)
     short_view            true when its codes layers chose a short context's decoded view by themselves (the
-                          default path, codeckv/layers.py); absent = false
+                          default path, codeckv/coded_layer.py); absent = false
     model                 name (null when not given), geometry (per layer: "codec" or "sliding" and its window;
                           KV heads, head_dim, dtype), calibration (PCA tiers: sha256 of every layer's coder; else null)
     tokens, batch         tokens every layer holds; rows of the batch
@@ -61,7 +61,8 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from codeckv.codecs import DCT, Cast, Delta, GroupQuant, LloydMaxQuant, Rotation
 from codeckv.codecs.pca import SINK_CODEC, JointPCA
 from codeckv.codecs.rate import SKIP
-from codeckv.layers import CodecLayer, CodedLayer
+from codeckv.coded_layer import CodedLayer
+from codeckv.layers import CodecLayer
 from codeckv.models import LoadedModel
 from codeckv.pca_layer import PCALayer
 from codeckv.schedule import tiers_used

@@ -9,7 +9,8 @@ from transformers import DynamicCache
 
 from codeckv.attention import use_codec_attention
 from codeckv.cache import CODES, SHORT_VIEW, CodecCache, held_bytes, make_cache
-from codeckv.layers import TAG, CodecLayer, CodedLayer
+from codeckv.coded_layer import TAG, CodedLayer
+from codeckv.layers import CodecLayer
 from codeckv.tiers import TIERS
 
 RESIDENT_SLACK = 0.05  # resident bytes may exceed the archive by at most 5% (at 4k tokens)
@@ -63,7 +64,7 @@ def test_the_default_path_decodes_a_short_context_on_a_view_with_the_tokens_of_t
 
 @pytest.mark.parametrize("tier", ["jpeg-k8-int8", "turbo-4", "int8"])
 def test_short_view_attends_like_the_codes_and_goes_past_its_length(tier, monkeypatch):
-    monkeypatch.setattr("codeckv.layers.SHORT_VIEW_TOKENS", 100)
+    monkeypatch.setattr("codeckv.coded_layer.SHORT_VIEW_TOKENS", 100)
     torch.manual_seed(0)
     config = dataclasses.replace(TIERS[tier], keep_first=3, keep_recent=5)
     short, coded = CodedLayer(config, short_view=True), CodedLayer(config)

@@ -6,8 +6,9 @@ import torch
 from transformers import DynamicCache
 
 from codeckv.cache import CodecCache, footprint, make_cache
+from codeckv.coded_layer import CodedLayer
 from codeckv.flush import flush_layers
-from codeckv.layers import CodecLayer, CodedLayer
+from codeckv.layers import CodecLayer
 from codeckv.tiers import TIERS
 
 PROMPT = "The history of the printing press begins in"

@@ -14,8 +14,9 @@ from codeckv import calibration
 from codeckv.attention import use_codec_attention
 from codeckv.cache import CodecCache, make_cache
 from codeckv.codecs.quant import GroupQuant
+from codeckv.coded_layer import CodedLayer
 from codeckv.generate import next_logits
-from codeckv.layers import CodecLayer, CodedLayer
+from codeckv.layers import CodecLayer
 from codeckv.saved import MAX_FILE_BYTES, SavedCacheError, load_cache, tier_from_spec, tier_spec
 from codeckv.tiers import TIERS, custom_tier
 

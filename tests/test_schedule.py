@@ -5,8 +5,9 @@ import torch
 
 from codeckv.attention import use_codec_attention
 from codeckv.cache import CodecCache, make_cache, steady_state_ratio, view_reason
+from codeckv.coded_layer import CodedLayer
 from codeckv.generate import next_logits
-from codeckv.layers import CodecLayer, CodedLayer
+from codeckv.layers import CodecLayer
 from codeckv.schedule import MAX_SCHEDULE_CHARS, layers_text, parse_layers, ranges, schedule
 from codeckv.tiers import TIERS
 

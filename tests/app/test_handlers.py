@@ -9,8 +9,9 @@ import pytest
 import app
 from codeckv import service
 from codeckv.cache import SHORT_VIEW, VIEW, CodecCache
+from codeckv.coded_layer import CodedLayer
 from codeckv.inputs import DOCUMENTS
-from codeckv.layers import CodecLayer, CodedLayer
+from codeckv.layers import CodecLayer
 from codeckv.measure.chat import ChatSession
 from codeckv.sessions import IdleSessions
 from codeckv.tiers import TIERS
@@ -117,7 +118,7 @@ def test_a_per_layer_schedule_from_advanced_settings_runs_with_each_layer_on_its
     advanced = [*PLAIN[:-1], "0-1:int8, 29:pca-8x"]
     native, codec, _, codec_stats, *_, session = _turn("Name a colour.", tier="turbo-4", advanced=advanced)[-1]
     assert codec[-1]["content"] and "turbo-4 · 0-1:int8, 29:pca-8x" in codec_stats
-    # a one-line chat is a short context: the codes layers decode on their own short view (codeckv/layers.py)
+    # a one-line chat is a short context: the codes layers decode on their own short view (codeckv/coded_layer.py)
     assert f"{SHORT_VIEW} in 29 of 30 layers, {VIEW} in the others (layer 29 (pca-8x)" in codec_stats
     layers = session.runs[1].cache.layers
     assert [layers[i].tier.name for i in (0, 1, 29)] == ["int8", "int8", "pca-8x"]
