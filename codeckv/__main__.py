@@ -23,6 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from codeckv import __version__
+from codeckv.cli_types import bits_list, count, positive, run_name, tier_name, token_counts
 
 DEFAULT_PROMPT = "Explain in a few sentences how a key-value cache speeds up text generation in a transformer."
 
@@ -38,54 +39,6 @@ def _bar(desc: str, unit: str = "fwd"):
         bar.refresh()
 
     return bar, progress
-
-
-def _bits_list(text: str) -> list[float]:
-    """'1,1.5,2' -> [1.0, 1.5, 2.0] (argparse type of --pca-bits)."""
-    try:
-        return [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 1,1.5,2)") from None
-
-
-def _tier_name(text: str) -> str:
-    """A preset tier name (argparse type: an unknown name is a usage error listing the allowed ones)."""
-    from codeckv.tiers import get_tier
-
-    try:
-        return get_tier(text).name
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _run_name(text: str) -> str:
-    """A preset tier or a peer name (argparse type: an unknown name is a usage error listing both)."""
-    from codeckv.peers import run_for
-
-    try:
-        return run_for(text).name
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _positive(text: str) -> int:
-    """A whole number >= 1 (argparse type)."""
-    return _whole(text, 1)
-
-
-def _count(text: str) -> int:
-    """A whole number >= 0 (argparse type; 0 = off or the default)."""
-    return _whole(text, 0)
-
-
-def _whole(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"{value} is below {low}")
-    return value
 
 
 def _load(args: argparse.Namespace):
@@ -288,7 +241,7 @@ def _needle(args: argparse.Namespace) -> None:
 def _prompt_arguments(parser: argparse.ArgumentParser, without_prompt: str) -> None:
     parser.add_argument("--prompt", default=None, help=f"the user's message, a chat turn (default: {without_prompt})")
     parser.add_argument("--raw", action="store_true", help="feed --prompt as raw text, without the chat template")
-    parser.add_argument("--context", type=_count, default=0, help="use the first N corpus tokens as a raw prompt")
+    parser.add_argument("--context", type=count, default=0, help="use the first N corpus tokens as a raw prompt")
 
 
 def _memory(args: argparse.Namespace) -> None:
@@ -372,17 +325,6 @@ def _latency(args: argparse.Namespace) -> None:
           f"{rows[0]['new_tokens']} new tokens")
     out = args.out or f"out/latency-{loaded.info.name.replace('/', '_')}.csv"
     print(f"wrote {write_csv(rows, out)}")
-
-
-def _contexts(text: str) -> list[int]:
-    """--contexts "1024,4096,8192" -> [1024, 4096, 8192] (argparse type: anything else is a usage error)."""
-    try:
-        contexts = [int(part) for part in text.split(",")]
-    except ValueError:
-        contexts = []
-    if not contexts or min(contexts) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated positive token counts, e.g. 1024,4096,8192")
-    return contexts
 
 
 def _latency_usage(args: argparse.Namespace) -> str | None:
@@ -485,66 +427,66 @@ def _parser() -> argparse.ArgumentParser:
         return cmd
 
     quality = command("quality", _quality, "per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread")
-    quality.add_argument("--windows", type=_positive, default=4, help="text windows (default 4)")
-    quality.add_argument("--length", type=_positive, default=512, help="tokens per window (default 512)")
-    quality.add_argument("--tiers", nargs="*", type=_run_name,
+    quality.add_argument("--windows", type=positive, default=4, help="text windows (default 4)")
+    quality.add_argument("--length", type=positive, default=512, help="tokens per window (default 512)")
+    quality.add_argument("--tiers", nargs="*", type=run_name,
                          help="tier or peer names (default: every tier, and every peer installed)")
     quality.add_argument("--source", default="corpus", choices=["corpus", "docstrings"],
                          help="corpus: the Python reference topics (default); docstrings: the held-out text")
     quality.add_argument("--text-file", help="measure on this UTF-8 text file instead")
-    quality.add_argument("--pca-bits", type=_bits_list, default=[], metavar="B,B,...",
+    quality.add_argument("--pca-bits", type=bits_list, default=[], metavar="B,B,...",
                          help="also PCA tiers at these bits per element (rows pca-<B>b: the PCA frontier)")
     quality.add_argument("--out", help="CSV path (default out/quality-<model>[-<source>].csv)")
     quality.add_argument("--charts", help="folder for the HTML charts (default out/quality-<model>[-<source>])")
 
     sweep = command("sweep", _sweep, "per tier on one prompt (one sample): bytes, latency, token match, KLD")
     _prompt_arguments(sweep, "a question about KV caches")
-    sweep.add_argument("--tokens", type=_positive, default=64, help="new tokens per run (default 64)")
-    sweep.add_argument("--tiers", nargs="*", type=_tier_name, help="tier names (default: all)")
+    sweep.add_argument("--tokens", type=positive, default=64, help="new tokens per run (default 64)")
+    sweep.add_argument("--tiers", nargs="*", type=tier_name, help="tier names (default: all)")
     sweep.add_argument("--no-stop", action="store_true", help="ignore EOS: always generate --tokens tokens")
     sweep.add_argument("--out", help="output folder (default out/sweep-<model>; charts embed plotly.js)")
 
     inspect = command("inspect", _inspect, "one tier's K/V heatmaps, DCT spectra and per-layer errors")
     _prompt_arguments(inspect, "the first 128 corpus tokens")
-    inspect.add_argument("--tier", default="jpeg-k2", type=_tier_name, help="tier name (default jpeg-k2)")
-    inspect.add_argument("--layer", type=_count, default=0, help="layer of the heatmaps (default 0)")
-    inspect.add_argument("--head", type=_count, default=0, help="KV head of the heatmaps (default 0)")
+    inspect.add_argument("--tier", default="jpeg-k2", type=tier_name, help="tier name (default jpeg-k2)")
+    inspect.add_argument("--layer", type=count, default=0, help="layer of the heatmaps (default 0)")
+    inspect.add_argument("--head", type=count, default=0, help="KV head of the heatmaps (default 0)")
     inspect.add_argument("--out", help="output folder (default out/inspect-<model>-<tier>)")
 
     needle = command("needle", _needle, "pass-key retrieval per tier over prompt lengths and key depths")
-    needle.add_argument("--lengths", type=_positive, nargs="+", default=[1024, 2048, 4096, 8000],
+    needle.add_argument("--lengths", type=positive, nargs="+", default=[1024, 2048, 4096, 8000],
                         help="prompt lengths in tokens (default 1024 2048 4096 8000)")
     needle.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0],
                         help="where the key sits in the filler, 0 = start (default 0 0.25 0.5 0.75 1)")
-    needle.add_argument("--tiers", nargs="+", type=_run_name, default=["turbo-4", "turbo-3", "int8", "jpeg-k2"],
+    needle.add_argument("--tiers", nargs="+", type=run_name, default=["turbo-4", "turbo-3", "int8", "jpeg-k2"],
                         help="tier or peer names (default turbo-4 turbo-3 int8 jpeg-k2)")
     needle.add_argument("--out", help="CSV path (default out/needle-<model>.csv)")
     needle.add_argument("--charts", help="folder for the heatmap (default out/needle-<model>)")
 
     memory = command("memory", _memory, "held, peak and at-rest bytes of each tier vs native over contexts")
-    memory.add_argument("--contexts", type=_positive, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
+    memory.add_argument("--contexts", type=positive, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
                         help="prompt tokens (default 1024 2048 4096 8192 16384)")
-    memory.add_argument("--new-tokens", type=_positive, default=64, help="greedy tokens after the prompt (default 64)")
-    memory.add_argument("--tiers", nargs="+", type=_tier_name, default=["int8", "turbo-4", "pca-8x"],
+    memory.add_argument("--new-tokens", type=positive, default=64, help="greedy tokens after the prompt (default 64)")
+    memory.add_argument("--tiers", nargs="+", type=tier_name, default=["int8", "turbo-4", "pca-8x"],
                         help="tier names; native always runs (default int8 turbo-4 pca-8x)")
     memory.add_argument("--out", help="CSV path (default out/memory-<model>.csv)")
     memory.add_argument("--charts", help="folder for the charts (default out/memory-<model>)")
 
     prefill = command("prefill", _prefill, "prefill + archiving the prompt vs native prefill, per tier (interleaved)")
-    prefill.add_argument("--tokens", type=_positive, nargs="+", default=[1024, 4096], help="prompt lengths (1024 4096)")
-    prefill.add_argument("--tiers", nargs="*", type=_tier_name, help="tier names (default: all)")
-    prefill.add_argument("--reps", type=_positive, default=3, help="repetitions, medians reported (default 3)")
-    prefill.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
+    prefill.add_argument("--tokens", type=positive, nargs="+", default=[1024, 4096], help="prompt lengths (1024 4096)")
+    prefill.add_argument("--tiers", nargs="*", type=tier_name, help="tier names (default: all)")
+    prefill.add_argument("--reps", type=positive, default=3, help="repetitions, medians reported (default 3)")
+    prefill.add_argument("--threads", type=count, default=0, help="torch threads (default: torch's own choice)")
     prefill.add_argument("--no-convert", action="store_true", help="skip native prefill + CodecCache.from_cache")
     prefill.add_argument("--out", help="CSV path (default out/prefill-<model>.csv)")
 
     latency = command("latency", _latency, "decode ms/token native vs tiers, with and without a decoded view")
     _prompt_arguments(latency, "the first 1024 corpus tokens")
-    latency.add_argument("--tokens", type=_positive, default=64, help="new tokens per run (default 64)")
-    latency.add_argument("--tiers", nargs="+", type=_tier_name, default=["turbo-4"],
+    latency.add_argument("--tokens", type=positive, default=64, help="new tokens per run (default 64)")
+    latency.add_argument("--tiers", nargs="+", type=tier_name, default=["turbo-4"],
                          help="tier names (default turbo-4)")
-    latency.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
-    latency.add_argument("--contexts", type=_contexts, default=None, metavar="N,N,...",
+    latency.add_argument("--threads", type=count, default=0, help="torch threads (default: torch's own choice)")
+    latency.add_argument("--contexts", type=token_counts, default=None, metavar="N,N,...",
                          help="corpus prefix lengths, e.g. 1024,4096,8192: attention on the codes only (no view), "
                               "every tier against one native cache per length")
     latency.add_argument("--out", help="CSV path (default out/latency-<model>.csv, with --contexts "
@@ -553,34 +495,34 @@ def _parser() -> argparse.ArgumentParser:
 
     allocate = command("allocate", _allocate, "per-layer tiers under a budget from each layer's measured "
                        "sensitivity, then the plan against the uniform budget tier on corpus and docstrings")
-    allocate.add_argument("--budget", default="turbo-4", type=_tier_name, help="the budget tier (default turbo-4)")
-    allocate.add_argument("--ladder", nargs="+", type=_tier_name, default=["turbo-3", "turbo-4", "int8"],
+    allocate.add_argument("--budget", default="turbo-4", type=tier_name, help="the budget tier (default turbo-4)")
+    allocate.add_argument("--ladder", nargs="+", type=tier_name, default=["turbo-3", "turbo-4", "int8"],
                           help="tiers a layer may get (default turbo-3 turbo-4 int8)")
     allocate.add_argument("--method", choices=["fisher", "lockstep"], default="fisher",
                           help="fisher: (g . error)^2 from one forward + backward of the calibration windows (default);"
                                " lockstep: the KLD of each layer compressed alone (one cache per layer and tier)")
-    allocate.add_argument("--windows", type=_positive, default=4, help="corpus windows to measure on (default 4)")
-    allocate.add_argument("--length", type=_positive, default=256, help="tokens per window (default 256)")
-    allocate.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
-    allocate.add_argument("--eval-windows", type=_positive, default=4, help="windows of the comparison (default 4)")
-    allocate.add_argument("--eval-length", type=_positive, default=512, help="tokens per comparison window (512)")
+    allocate.add_argument("--windows", type=positive, default=4, help="corpus windows to measure on (default 4)")
+    allocate.add_argument("--length", type=positive, default=256, help="tokens per window (default 256)")
+    allocate.add_argument("--threads", type=count, default=0, help="torch threads (default: torch's own choice)")
+    allocate.add_argument("--eval-windows", type=positive, default=4, help="windows of the comparison (default 4)")
+    allocate.add_argument("--eval-length", type=positive, default=512, help="tokens per comparison window (512)")
     allocate.add_argument("--out", help="folder for sensitivity.csv, allocation.csv, comparison.csv "
                                         "(default out/allocate-<model>-<budget>)")
 
     saved = command("saved-size", _saved_size, "per tier: bytes at rest, view rebuild time, saved file vs archive")
-    saved.add_argument("--context", type=_positive, default=2048, help="prefilled corpus tokens (default 2048)")
-    saved.add_argument("--tiers", nargs="*", type=_tier_name, help="tier names (default: every codec tier)")
-    saved.add_argument("--threads", type=_count, default=0, help="torch threads (default: torch's own choice)")
+    saved.add_argument("--context", type=positive, default=2048, help="prefilled corpus tokens (default 2048)")
+    saved.add_argument("--tiers", nargs="*", type=tier_name, help="tier names (default: every codec tier)")
+    saved.add_argument("--threads", type=count, default=0, help="torch threads (default: torch's own choice)")
     saved.add_argument("--files", help="folder for the saved cache files (default out/saved-size-<model>)")
     saved.add_argument("--out", help="CSV path (default out/saved-size-<model>.csv)")
 
     size = command("pca-size", _pca_size, "PCA tiers: bytes vs bf16 and their budget on texts far from calibration")
-    size.add_argument("--tiers", nargs="+", type=_tier_name, default=["pca-8x", "pca-16x", "pca-32x"],
+    size.add_argument("--tiers", nargs="+", type=tier_name, default=["pca-8x", "pca-16x", "pca-32x"],
                       help="PCA tier names (default pca-8x pca-16x pca-32x)")
     size.add_argument("--texts", nargs="+", default=None,
                       help="corpus docstrings code numbers multilingual repeated (default: all)")
-    size.add_argument("--length", type=_positive, default=512, help="tokens per text (default 512)")
-    size.add_argument("--prefill", type=_positive, default=384, help="tokens in the first forward (default 384)")
+    size.add_argument("--length", type=positive, default=512, help="tokens per text (default 512)")
+    size.add_argument("--prefill", type=positive, default=384, help="tokens in the first forward (default 384)")
     size.add_argument("--out", help="CSV path (default out/pca-size-<model>.csv)")
     return parser
 
