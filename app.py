@@ -18,7 +18,6 @@ from pathlib import Path
 import gradio as gr
 
 from codeckv.corpus import corpus_text
-from codeckv.figures import worst_tier
 from codeckv.formatting import (
     model_markdown,
     stopped_markdown,
@@ -72,6 +71,7 @@ from codeckv.service import (
     sweep_pareto,
     sweep_request,
     sweep_token_kld,
+    sweep_views,
 )
 from codeckv.sessions import IDLE
 from codeckv.tiers import TIERS
@@ -183,12 +183,10 @@ def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens,
     finally:
         release_memory()
     files = sweep_downloads(run, model, REPORTS.fresh())
-    prompt_mode = "latency" in run.figures
-    pareto = run.figures["pareto_kld" if metric == "kld" or prompt_mode else "pareto_nll"]
-    latency = gr.update(value=run.figures.get("latency"), visible=prompt_mode)
-    match = gr.update(value=run.figures.get("token_match"), visible=prompt_mode)
-    choice = gr.update(choices=[r.tier for r in run.result.rows if r.tier != "native"], value=worst_tier(run.result))
-    return run.table, pareto, latency, match, run.figures["token_kld"], files, run.result, choice
+    views = sweep_views(run, metric)
+    return (run.table, views["pareto"], gr.update(value=views["latency"], visible=views["prompt_mode"]),
+            gr.update(value=views["token_match"], visible=views["prompt_mode"]), views["token_kld"], files,
+            run.result, gr.update(choices=views["tiers"], value=views["worst"]))
 
 
 @gpu(duration=LONG_GPU_SECONDS)

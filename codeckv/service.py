@@ -21,7 +21,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure
+from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure, worst_tier
 from codeckv.formatting import (
     codec_stats_markdown,
     human_bytes,
@@ -282,6 +282,21 @@ def sweep_downloads(outcome: SweepOutcome, model: str, folder: Path) -> list[str
     """Write a sweep's rows as CSV and JSON (with what was measured) into folder: their paths."""
     return [str(write_csv(outcome.rows, folder / "sweep.csv")),
             str(write_json({"model": model, **outcome.about, "rows": outcome.rows}, folder / "sweep.json"))]
+
+
+def sweep_views(outcome: SweepOutcome, metric: str) -> dict:
+    """What the Tier sweep tab shows of a finished sweep: the Pareto chart on `metric` ("kld" or
+    "delta_nll_pct"), the one-prompt charts (None on long text), the per-token KLD and the tiers to pick from."""
+    prompt_mode = "latency" in outcome.figures
+    return {
+        "pareto": outcome.figures["pareto_kld" if metric == "kld" or prompt_mode else "pareto_nll"],
+        "prompt_mode": prompt_mode,
+        "latency": outcome.figures.get("latency"),
+        "token_match": outcome.figures.get("token_match"),
+        "token_kld": outcome.figures["token_kld"],
+        "tiers": [r.tier for r in outcome.result.rows if r.tier != "native"],
+        "worst": worst_tier(outcome.result),
+    }
 
 
 def sweep_pareto(result, metric) -> go.Figure | None:
