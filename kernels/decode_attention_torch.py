@@ -371,7 +371,6 @@ def decode_attention_torch(
     g = hq // hkv
     scale = d**-0.5 if scale is None else scale
     q = (query.float() * scale).reshape(b, hkv, g * t, d)  # query head = kv head * G + g: rows g-major, then t
-    bias = _bias(mask, b, hkv, g, t)  # (B, Hkv|1, G|1, T, S) or None
     max_tokens = max(1, SCORE_BYTES // (b * hkv * g * t * 4))
     out = total = peak = None
     pos = 0
@@ -379,9 +378,9 @@ def decode_attention_torch(
         parts = [piece.scores(q) for piece in group]
         scores = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (B, Hkv, G*T, n)
         n = scores.shape[-1]
-        masked = bias is not None and _masks_any(mask, pos, n)
-        if masked:
-            scores.view(b, hkv, g, t, n).add_(bias[..., pos : pos + n])
+        masked = mask is not None and _masks_any(mask, pos, n)
+        if masked:  # the bias of this pass's tokens only: a prefill chunk's (T, S) bias never exists whole
+            scores.view(b, hkv, g, t, n).add_(_bias(mask[..., pos : pos + n], b, hkv, g, t))
         m = scores.amax(-1, keepdim=True)
         m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m) if masked else m  # rows seeing nothing
         weights = scores.sub_(m_safe).exp_()  # unnormalized
