@@ -404,9 +404,10 @@ def _pca_size(args: argparse.Namespace) -> None:
         rows = [asdict(r) for r in pca_size_table(loaded, args.tiers, args.texts, args.length, args.prefill,
                                                   progress)]
     print(format_table(rows, ["tier", "text", "tokens", "archived_tokens", "archive_pct", "chunks_pct", "budget_pct",
-                              "worst_boundary_pct", "mean_step", "skipped_pct"]))
+                              "worst_boundary_pct", "worst_layer_pct", "mean_step", "skipped_pct"]))
     print(f"{args.prefill} tokens prefilled, then one at a time up to {args.length}; worst_boundary_pct: the "
-          "largest running share of any layer at a chunk boundary once its sink is paid back")
+          "largest running share of all layers together at a chunk boundary once the sinks are paid back "
+          "(worst_layer_pct: of one layer, which keeps its own share of the budget)")
     out = args.out or f"out/pca-size-{loaded.info.name.replace('/', '_')}.csv"
     print(f"wrote {write_csv(rows, out)}")
 

@@ -36,7 +36,7 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
-from codeckv.calibration import Calibration, calibration_for
+from codeckv.calibration import Calibration, budget_shares, calibration_for
 from codeckv.codecs.layout import NoRowLayout
 from codeckv.coded_layer import SHORT_VIEW_TOKENS, CodedLayer
 from codeckv.flush import flush_layers
@@ -224,7 +224,9 @@ def _codec_layer(tier: Tier, materialization_free: bool | None, calibration, lay
         calibrations = {pca[0].joint: calibration}  # one PCA tier: the calibration given is its own
     else:
         calibrations = _by_spec(calibration)
-    builders = {t: _plain_codec_layer(t, materialization_free, calibrations.get(t.joint), layer_types)
+    served = layer_tiers(tier, layer_types)
+    builders = {t: _plain_codec_layer(t, materialization_free, calibrations.get(t.joint), layer_types,
+                                      [i for i, at in enumerate(served) if at == t])
                 for t in plain}
     return lambda index: builders[tier.tier_at(index)](index)
 
@@ -241,8 +243,11 @@ def _by_spec(calibration) -> dict:
 
 
 def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibration: Calibration | None,
-                       layer_types: list[str]):
-    """A function: layer index -> a new codec layer of the plain `tier`, after checking that it can be built."""
+                       layer_types: list[str], layers: list[int]):
+    """A function: layer index -> a new codec layer of the plain `tier`, after checking that it can be built.
+
+    layers: the model layers that get `tier` (a PCA tier shares its budget among them: budget_shares).
+    """
     short_view = materialization_free is None  # the cache's own choice: a short context's decode steps on a view
     if materialization_free is None:
         materialization_free = view_reason(tier) is None
@@ -260,7 +265,8 @@ def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibratio
     if missing:
         raise ValueError(f"the calibration of '{calibration.model}' has no coder for full-attention layers {missing} "
                          f"of this model (allowed: the model it was calibrated on)")
-    return lambda index: PCALayer(tier, calibration.coders[index])
+    shares = budget_shares(calibration, layers)
+    return lambda index: PCALayer(tier, calibration.coders[index], shares[index])
 
 
 def make_cache(source, tier: Tier | str, materialization_free: bool | None = None,

@@ -30,11 +30,14 @@ class PCALayer(CodecLayer):
 
     variable_length = ("streams",)  # entropy-coded bytes: concatenated over layers in a file (codeckv/saved.py)
 
-    def __init__(self, tier: Tier, coder: LayerCoder) -> None:
+    def __init__(self, tier: Tier, coder: LayerCoder, share: float = 1.0) -> None:
+        """share: this layer's share of the tier's bits per element (codeckv.calibration.budget_shares)."""
         DynamicLayer.__init__(self)
         if tier.joint is None:
             raise ValueError(f"tier '{tier.name}' has no joint coder: use CodecLayer (allowed: a PCA tier)")
-        self.tier, self.coder = tier, coder
+        if not share > 0:
+            raise ValueError(f"share={share!r}: a layer's share of the budget must be positive")
+        self.tier, self.coder, self.share = tier, coder, share
         self.unit = MIN_ARCHIVE_TOKENS  # tokens per stored chunk
         self._reset_state()
 
@@ -54,7 +57,7 @@ class PCALayer(CodecLayer):
             return
         start = self.archived_upto
         keys, values = self._span(count)
-        budget = self.coder.budget(self.tier.joint.bits_per_element, keys.shape[0])
+        budget = self.coder.budget(self.tier.joint.bits_per_element * self.share, keys.shape[0])
         chunks, decoded = self.coder.archive(keys, values, start, self.unit, budget, spent(self.chunks, self.unit))
         self.chunks += chunks
         self._view_k[:, :, start : start + count], self._view_v[:, :, start : start + count] = decoded

@@ -1,5 +1,6 @@
-"""The PCA tiers' rate control (codecs/rate.py): on texts far from the calibration text the archive stays
-within the tier's budget at every chunk boundary, the step adapts to the text, and what is stored decodes."""
+"""The PCA tiers' rate control (codecs/rate.py): on texts far from the calibration text each layer stays within
+its share of the tier's budget and all layers together within the budget at every chunk boundary, the step
+adapts to the text, and what is stored decodes."""
 
 from __future__ import annotations
 
@@ -44,22 +45,47 @@ def filled(loaded, small_calibration):
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_every_layer_stays_within_its_budget_at_every_chunk_boundary(filled, text):
+def test_every_layer_keeps_its_share_and_all_layers_the_budget_at_every_chunk_boundary(filled, text):
     cache = filled[text]
+    together = torch.zeros(16, dtype=torch.float64)
     for index, layer in enumerate(cache.layers):
         assert isinstance(layer, PCALayer) and len(layer.chunks) == 16
-        budget = layer.coder.budget(SPEC.bits_per_element, 1)
+        budget = layer.coder.budget(SPEC.bits_per_element * layer.share, 1)
         sink = layer.chunks[0].sink_bytes
         assert sink > 0 and all(c.sink is None for c in layer.chunks[1:]), "position 0 is coded apart"
         running = 0
         for j, chunk in enumerate(layer.chunks):
             running += len(chunk.stream) + LENGTH_BYTES + HEADER_BYTES + chunk.sink_bytes
             tokens = (j + 1) * layer.unit
-            limit = SPEC.bits_per_element / 8 * 384 * tokens + (0 if tokens >= REPAY_TOKENS else sink)
+            limit = SPEC.bits_per_element * layer.share / 8 * 384 * tokens + (0 if tokens >= REPAY_TOKENS else sink)
             assert running <= limit, f"{text}, layer {index}, chunk {j}: {running} bytes > {limit:.0f}"
             assert running <= budget.allowed(tokens, sink)
+            together[j] += running
+    tokens = torch.arange(1, 17) * 8
+    paid = tokens >= REPAY_TOKENS
+    limit = SPEC.bits_per_element / 8 * 384 * tokens * len(cache.layers)
+    assert bool((together[paid] <= limit[paid]).all()), f"{text}: the layers together exceed the tier's budget"
     fp = cache.footprint()
     assert fp.steady_state_ratio <= SPEC.bits_per_element / 16, f"{text}: {fp.steady_state_ratio:.4f}"
+
+
+def test_budget_shares_follow_the_calibrated_bits_and_keep_the_total(small_calibration):
+    shares = calibration.budget_shares(small_calibration)
+    assert sorted(shares) == sorted(small_calibration.coders)
+    assert sum(shares.values()) == pytest.approx(len(shares), rel=1e-9), "equal elements: the shares average 1"
+    bits = {i: float(c.component_bits.sum()) for i, c in small_calibration.coders.items()}
+    costly, cheap = max(bits, key=bits.get), min(bits, key=bits.get)
+    assert shares[costly] > 1 > shares[cheap], "a layer that costs more at the common step gets more of the budget"
+    subset = calibration.budget_shares(small_calibration, [cheap, costly, 3])
+    assert sorted(subset) == sorted({cheap, costly, 3}) and sum(subset.values()) == pytest.approx(len(subset))
+
+
+def test_a_schedule_shares_the_budget_among_the_layers_of_its_pca_tier(loaded, small_calibration):
+    per_layer = {i: "int8" for i in range(10)}  # layers 10-29 keep the PCA tier
+    cache = make_cache(loaded.model.config, TIER, calibration=small_calibration, per_layer=per_layer)
+    pca = {i: layer.share for i, layer in enumerate(cache.layers) if isinstance(layer, PCALayer)}
+    assert sorted(pca) == list(range(10, 30))
+    assert pca == pytest.approx(calibration.budget_shares(small_calibration, range(10, 30)))
 
 
 def test_the_step_follows_the_text(filled):

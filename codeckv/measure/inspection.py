@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import DynamicCache
 
-from codeckv.calibration import Calibration, calibration_for
+from codeckv.calibration import Calibration, budget_shares, calibration_for
 from codeckv.codecs.dct import DCT, dct_basis
 from codeckv.layers import CodecLayer
 from codeckv.measure.side_by_side import Prompt, prompt_ids
@@ -191,7 +191,10 @@ def _coded(tier: Tier, keys: torch.Tensor, values: torch.Tensor, index: int, cal
     """A codec layer of the plain `tier` holding K, V (H, S, D) as a prefill leaves them, archived where it would."""
     if tier.joint is not None:
         calibration = _calibration_of(calibration, tier)
-    layer = CodecLayer(tier) if tier.joint is None else PCALayer(tier, calibration.coders[index])
+    if tier.joint is None:
+        layer = CodecLayer(tier)
+    else:  # the share a cache of this tier on every layer gives it
+        layer = PCALayer(tier, calibration.coders[index], budget_shares(calibration)[index])
     layer.update(keys[None], values[None])  # (1, H, S, D) prefill, raw
     layer.flush()  # archive every complete block outside the sinks and the recent window, decode in place
     return layer

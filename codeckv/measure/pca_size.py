@@ -5,8 +5,10 @@
 Each text's first `length` tokens go through a fresh cache of each tier: `prefill` tokens in one forward
 (one flush of many chunks), then the rest one token at a time (a flush per chunk, as decoding archives).
 Per row: the archive as the footprint counts it (everything stored, raw tail included) and the archived
-chunks alone against bf16, the tier's budget, the worst running share any layer reached at a chunk
-boundary once the sink is paid back (codecs/rate.py: the guarantee is that it never exceeds the budget),
+chunks alone against bf16, the tier's budget, the worst running share the layers together reached at a
+chunk boundary once the sink is paid back (codecs/rate.py: each layer keeps within its share of the budget,
+codeckv.calibration.budget_shares, so the layers together never exceed it), the worst share one layer
+reached against the tier's budget (its share: above or below 1),
 and how the chunks' steps were spread (mean step over the calibrated one, share of skipped chunks).
 
 The texts (SIZE_TEXTS), all on every machine: the corpus and the held-out docstrings; code (the source of
@@ -77,7 +79,8 @@ class PCASizeRow:
     archive_pct: float  # footprint archive bytes (chunks + raw tail) / bf16 of every token, %
     chunks_pct: float  # bytes of the archived chunks / bf16 of the archived tokens, %
     budget_pct: float  # the tier's bits per element / 16, %
-    worst_boundary_pct: float  # the largest running chunks_pct of any layer at any boundary from REPAY_TOKENS on
+    worst_boundary_pct: float  # the largest running chunks_pct of all layers together at a boundary from REPAY_TOKENS on
+    worst_layer_pct: float  # the same for the layer that spent the most (its share may be above the budget)
     mean_step: float  # the chunks' mean step / the calibrated step (coded chunks)
     skipped_pct: float  # chunks stored without codes, %
 
@@ -116,17 +119,15 @@ def _measure(loaded: LoadedModel, tier, text: str, ids: torch.Tensor, prefill: i
     chunks = [c for layer in layers for c in layer.chunks]
     coded = [c.rung for c in chunks if c.rung != SKIP]
     bf16_token = fp.bf16_bytes / fp.tokens / len(layers)  # one layer's bf16 bytes per token
-    worst = 0.0
-    for layer in layers:
-        running = torch.tensor([c.nbytes for c in layer.chunks], dtype=torch.float64).cumsum(0)
-        tokens = torch.arange(1, len(layer.chunks) + 1) * layer.unit
-        share = running / (tokens * bf16_token)
-        paid = tokens >= REPAY_TOKENS
-        if paid.any():
-            worst = max(worst, float(share[paid].max()))
+    running = torch.tensor([[c.nbytes for c in layer.chunks] for layer in layers], dtype=torch.float64).cumsum(1)
+    tokens = torch.arange(1, running.shape[1] + 1) * layers[0].unit  # every layer archives the same tokens
+    paid = tokens >= REPAY_TOKENS
+    together = running.sum(0) / (tokens * bf16_token * len(layers))
+    alone = running / (tokens * bf16_token)
+    worst, worst_layer = (float(x[..., paid].max()) if paid.any() else 0.0 for x in (together, alone))
     return PCASizeRow(
         tier.name, text, fp.tokens, fp.archived_tokens, 100 * fp.ratio, 100 * fp.steady_state_ratio,
-        100 * tier.joint.bits_per_element / 16, 100 * worst,
+        100 * tier.joint.bits_per_element / 16, 100 * worst, 100 * worst_layer,
         sum(2 ** (LADDER[r] / RUNGS_PER_OCTAVE) for r in coded) / max(len(coded), 1),
         100 * (len(chunks) - len(coded)) / max(len(chunks), 1),
     )
