@@ -79,7 +79,7 @@ class PCASizeRow:
     archive_pct: float  # footprint archive bytes (chunks + raw tail) / bf16 of every token, %
     chunks_pct: float  # bytes of the archived chunks / bf16 of the archived tokens, %
     budget_pct: float  # the tier's bits per element / 16, %
-    worst_boundary_pct: float  # the largest running chunks_pct of all layers together at a boundary from REPAY_TOKENS on
+    worst_boundary_pct: float  # largest running chunks_pct of all layers together at a boundary from REPAY_TOKENS on
     worst_layer_pct: float  # the same for the layer that spent the most (its share may be above the budget)
     mean_step: float  # the chunks' mean step / the calibrated step (coded chunks)
     skipped_pct: float  # chunks stored without codes, %
