@@ -98,8 +98,8 @@ def _needle_grid() -> NeedleGrid:
 
 def _drawn_figures(swept, view) -> dict[str, tuple]:
     """Every figure the app draws, with the width of its place in the app (inspect's halves are HALF)."""
-    quality = _csv_rows("quality-smollm2-135m.csv")
-    quality += [row for row in _csv_rows("quality-smollm2-135m-peers.csv") if row["tier"] in PEERS]
+    quality = _csv_rows("quality-smollm2-135m.csv")  # every tier and the peers, from one command
+    assert any(row["tier"] in PEERS for row in quality)
     layers = view.channels.key_share.shape[0]
     with_bits = dataclasses.replace(view.channels, bits={i: torch.linspace(8, 0, 150) for i in range(layers)})
     half = {"spectrum", "layer_errors", "var_ratio"}
