@@ -134,7 +134,7 @@ def lockstep(
         got = _forward_logprobs(model, ids[:, t : t + 1], stacked).cpu().view(len(caches), rows, -1)
         want = got[0] if reference is None else reference.logprobs[:, i]  # (W, vocab)
         if reference is None:
-            baseline.append(want)
+            baseline.append(want.clone())  # a view of got[0] would keep every cache's log-probs of the step alive
         nll.append(-got.gather(-1, targets[None, :, i : i + 1].expand(len(caches), -1, -1)).squeeze(-1))
         kld.append(kl_divergence(want, got))  # want broadcasts over the caches: its exp is taken once
         top1.append(got.argmax(-1) == want.argmax(-1))
