@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import torch
 
+from codeckv.codecs.ans import ENCODE_BATCH_SYMBOLS
 from codeckv.codecs.base import concat_encoded, split_heads
+from codeckv.codecs.pca import archive_layers
 from codeckv.kernel_ops import decode, encode
 
 # flush_layers encodes at most about this many bytes of tokens per call. On a CPU, passes over a batch that
 # stays in the cache are faster than fewer passes over one that does not (a 1k-token prompt of smollm2-135m,
 # 30 layers of turbo-4: 0.16 s in 2 MiB batches, 0.47 s in one); a GPU wants few, large launches.
 BATCH_BYTES = {"cpu": 2 << 20, "cuda": 64 << 20}
+# PCA layers are archived together in passes of about this many codes (int32 codes and the entropy coder's
+# tables: some 100 MiB at most); one numpy pass of the coder costs about as much for 512 streams as for 64.
+PCA_BATCH_SYMBOLS = ENCODE_BATCH_SYMBOLS
 
 
 @torch.inference_mode()
@@ -30,9 +35,10 @@ def flush_layers(layers: list) -> None:
     prompt then costs a few encodes per codec instead of one per layer (CodecCache.flush, from_cache).
     """
     groups: dict[tuple, list] = {}
+    pca = []  # PCA layers code K and V together, each with its own coder: their entropy coding is batched
     for layer in layers:
-        if layer.tier.joint is not None:  # a PCA layer codes K and V together with its own coder (pca_layer.py)
-            layer.flush()
+        if layer.tier.joint is not None:
+            pca.append(layer)
             continue
         count = layer._archivable()
         if count > 0:
@@ -50,6 +56,25 @@ def flush_layers(layers: list) -> None:
             if size >= limit or layer is members[-1]:
                 _flush_batch(batch, count, limit)
                 batch, size = [], 0
+
+
+    _flush_pca(pca)
+
+
+def _flush_pca(layers: list) -> None:
+    """Archive what each PCA layer can, in passes of about PCA_BATCH_SYMBOLS codes (codecs/pca.py archive_layers:
+    one entropy-coding pass over many layers' streams; each layer stores what its own flush would)."""
+    batch, size = [], 0
+    for layer in layers:
+        request = layer._flush_request()
+        if request is not None:
+            keys, coder = request[1], request[0]
+            batch.append((layer, request))
+            size += keys.shape[0] * keys.shape[2] * coder.kept
+        if batch and (size >= PCA_BATCH_SYMBOLS or layer is layers[-1]):
+            for (member, _), result in zip(batch, archive_layers([request for _, request in batch])):
+                member._flushed(*result)
+            batch, size = [], 0
 
 
 def _flush_batch(layers: list, count: int, limit: int) -> None:

@@ -20,13 +20,13 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from codeckv.codecs.base import Encoded
-from codeckv.codecs.pca import Chunk, LayerCoder, spent
+from codeckv.codecs.pca import Chunk, LayerCoder, archive_layers, spent
 from codeckv.layers import MIN_ARCHIVE_TOKENS, CodecLayer, RawTokens
 from codeckv.tiers import Tier
 
 
 class PCALayer(CodecLayer):
-    """One full-attention layer of a PCA tier (module docstring); flush_layers hands it its own flush."""
+    """One full-attention layer of a PCA tier (module docstring); flush_layers archives PCA layers together."""
 
     variable_length = ("streams",)  # entropy-coded bytes: concatenated over layers in a file (codeckv/saved.py)
 
@@ -52,13 +52,22 @@ class PCALayer(CodecLayer):
     @torch.inference_mode()
     def flush(self) -> None:
         """Encode each complete chunk outside the sinks and the recent window; what they decode to goes in the view."""
+        request = self._flush_request()
+        if request is not None:
+            self._flushed(*archive_layers([request])[0])
+
+    def _flush_request(self) -> tuple | None:
+        """What flush hands the coder (codecs/pca.py archive_layers; flush_layers batches layers), or None."""
         count = self._archivable()
         if count <= 0:
-            return
-        start = self.archived_upto
+            return None
         keys, values = self._span(count)
         budget = self.coder.budget(self.tier.joint.bits_per_element * self.share, keys.shape[0])
-        chunks, decoded = self.coder.archive(keys, values, start, self.unit, budget, spent(self.chunks, self.unit))
+        return self.coder, keys, values, self.archived_upto, self.unit, budget, spent(self.chunks, self.unit)
+
+    def _flushed(self, chunks: list[Chunk], decoded: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Keep the chunks archive_layers made of this layer's request; what they decode to goes in the view."""
+        start, count = self.archived_upto, decoded[0].shape[2]
         self.chunks += chunks
         self._view_k[:, :, start : start + count], self._view_v[:, :, start : start + count] = decoded
         self.archived_upto += count

@@ -10,6 +10,8 @@ import torch
 from transformers import DynamicCache
 
 import codeckv.calibration as calibration
+import codeckv.codecs.ans as ans
+import codeckv.flush as flush
 from codeckv.cache import CodecCache, make_cache
 from codeckv.codecs.ans import DECODE_VECTORIZED, ENCODE_VECTORIZED, LENGTH_BYTES, EntropyTable
 from codeckv.codecs.pca import JointPCA
@@ -79,6 +81,28 @@ def test_encode_many_writes_the_bytes_constriction_writes_for_each_chunk():
     assert all(torch.equal(table.decode(s, c.shape[0]), c) for s, c in zip(streams, chunks))
     decoded = table.decode_many(streams, [c.shape[0] for c in chunks])  # numpy for the 8-row chunks
     assert all(torch.equal(d, c) for d, c in zip(decoded, chunks)), "decode_many must give every chunk's codes"
+
+
+@pytest.mark.parametrize("batch_symbols", [ans.ENCODE_BATCH_SYMBOLS, 3000])  # one pass; many small ones
+def test_encode_tables_writes_each_tables_bytes(monkeypatch, batch_symbols):
+    """Several tables (different widths, classes and shifts) coded side by side, streams of different lengths
+    ending together: chunk for chunk what each table's encode_many writes (and so what constriction writes)."""
+    monkeypatch.setattr(ans, "ENCODE_BATCH_SYMBOLS", batch_symbols)
+    g = torch.Generator().manual_seed(3)
+    jobs = []
+    for width, count, rows in ((40, 30, 8), (23, 25, 8), (57, 12, 5)):
+        scale = torch.linspace(6, 0.05, width)
+        fitted = EntropyTable.fit((torch.randn(4000, width, generator=g) * scale).round().int())
+        table = EntropyTable(fitted.probs, fitted.offset, fitted.classes.clamp(1, width - 2))  # shifts -1..1 valid
+        chunks = list((torch.randn(count, rows, width, generator=g) * scale * 1.3).round().int())
+        chunks[0][1, 2], chunks[-1][0, width - 1] = 900, -2000  # escapes
+        chunks.append(chunks[1][:3])  # another row count of the same table
+        shifts = [i % 3 - 1 for i in range(len(chunks))]
+        jobs.append((table, chunks, shifts))
+    got = ans.encode_tables(jobs)
+    assert got == [table.encode_many(chunks, shifts) for table, chunks, shifts in jobs]
+    assert all(torch.equal(table.decode(stream, c.shape[0], shift), c) for (table, chunks, shifts), streams in
+               zip(jobs, got) for c, stream, shift in zip(chunks, streams, shifts))
 
 
 def test_transform_inverse_is_exact_with_every_component_kept():
@@ -184,6 +208,29 @@ def test_from_cache_equals_prefill_through_the_pca_cache(tiny_model):
     for index in (2, 5):
         want, got = through.layers[index], converted.layers[index]
         assert [c.stream for c in got.chunks] == [c.stream for c in want.chunks] and got.chunks
+        assert torch.equal(got.keys, want.keys) and torch.equal(got.values, want.values)
+
+
+@pytest.mark.parametrize("batch_symbols", [flush.PCA_BATCH_SYMBOLS, 1])  # every layer in one pass; one per pass
+def test_flushing_the_cache_archives_each_layer_as_its_own_flush(tiny_model, monkeypatch, batch_symbols):
+    """CodecCache.flush codes its PCA layers' streams together (flush_layers, ans.encode_tables): each layer
+    stores the chunks, and views the tokens, that flushing it alone gives."""
+    monkeypatch.setattr(flush, "PCA_BATCH_SYMBOLS", batch_symbols)
+    model, calib = tiny_model
+    ids = torch.randint(0, 128, (1, 8 * ENCODE_VECTORIZED + 5), generator=torch.Generator().manual_seed(4))
+    together, alone = (make_cache(model.config, "pca-8x", calibration=calib) for _ in range(2))
+    with torch.inference_mode():
+        model(ids, cache=together)
+        model(ids, cache=alone)
+    together.flush()
+    pca_layers = [i for i, layer in enumerate(alone.layers) if isinstance(layer, PCALayer)]
+    for index in pca_layers:
+        alone.layers[index].flush()
+    assert len(pca_layers) > 1
+    for index in pca_layers:
+        want, got = alone.layers[index], together.layers[index]
+        assert [(c.stream, c.rung) for c in got.chunks] == [(c.stream, c.rung) for c in want.chunks]
+        assert len(got.chunks) == ENCODE_VECTORIZED
         assert torch.equal(got.keys, want.keys) and torch.equal(got.values, want.values)
 
 

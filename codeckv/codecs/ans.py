@@ -4,6 +4,7 @@
     table = EntropyTable.from_counts(counts, classes)  # or models shared by classes of columns (codecs/pca.py)
     stream = table.encode(codes, shift)                # (m, r) int codes -> bytes (what the archive holds)
     streams = table.encode_many([codes, ...], shifts)  # many chunks at once: the same bytes, vectorized
+    per_table = encode_tables([(table, [codes, ...], shifts), ...])  # many tables' chunks in one pass
     codes = table.decode(stream, m, shift)             # the exact (m, r) codes back
     codes = table.decode_many(streams, [m, ...], shifts)
 
@@ -24,6 +25,9 @@ state) runs over every stream at once, each stream with its own shift. A chunk o
 holds 8 x 212-384 symbols, so a long prompt's hundreds of chunks per layer cost some 3,000 numpy steps
 instead of hundreds of constriction calls. Streams stay independent: each still decodes on its own.
 decode_many is the same in reverse (the symbol of a quantile: a binary search in the model's cumulatives).
+A numpy step costs about as much for 512 streams as for 64, so encode_tables runs the streams of several
+tables (a flush of many layers, each with its own table) side by side: streams of different lengths end
+together (the coder starts from each stream's last symbol), and each stream still gets exactly its bytes.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ STREAM_SLACK_BYTES = 8  # a stream is at most this much longer than ceil(ideal b
 # chunks of smollm2-135m (354 components): encoding 64 chunks took 0.60 s with constriction and 0.50 s in
 # numpy, 128 chunks 1.36 s and 0.58 s; decoding 128 chunks 0.78 s and 1.23 s (a loaded 2-core CPU).
 ENCODE_VECTORIZED = 48
+ENCODE_BATCH_SYMBOLS = 1 << 23  # symbols one numpy pass codes at most (its uint32 tables: 64 MiB)
 DECODE_VECTORIZED = 160
 _ESCAPED = constriction.stream.model.Uniform(ESCAPE_RANGE)
 
@@ -60,6 +65,24 @@ class _Order:
 
 
 @dataclass
+class _Prepared:
+    """S streams of one length, ready for the rANS coder: each symbol's fixed-point interval, and the escapes."""
+
+    cumulative: np.ndarray  # (S, L) uint32, class-major symbol order
+    frequency: np.ndarray  # (S, L) uint32
+    escape_streams: np.ndarray  # (E,) the stream of each escaped value, ascending
+    escaped: np.ndarray  # (E,) uint64 the escaped values (offset to 0 .. ESCAPE_RANGE - 1), in stream order
+
+    @property
+    def count(self) -> int:
+        return self.cumulative.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.cumulative.shape[1]
+
+
+@dataclass
 class EntropyTable:
     """K categorical models, probs (K, n) and offset (K,) = M_k, and classes (r,): each column's model at shift 0."""
 
@@ -68,6 +91,7 @@ class EntropyTable:
     classes: torch.Tensor  # (r,) int64
     _orders: dict = field(default_factory=dict, repr=False, compare=False)  # rows -> _Order
     _fixed: tuple | None = field(default=None, repr=False, compare=False)  # (cumulative, frequency) (K, n) uint64
+    _fixed_flat: tuple | None = field(default=None, repr=False, compare=False)  # the same, flat uint32
     _models: dict = field(default_factory=dict, repr=False, compare=False)  # class -> constriction model
 
     @classmethod
@@ -191,9 +215,9 @@ class EntropyTable:
                 continue
             for shift in {shifts[i] for i in members}:
                 self._check(shift)
-            codes = torch.stack([chunks[i] for i in members]).reshape(len(members), -1).long().numpy()
+            codes = torch.stack([chunks[i] for i in members]).reshape(len(members), -1).int().numpy()
             shift = np.array([shifts[i] for i in members], dtype=np.int64)
-            for i, stream in zip(members, self._encode_streams(codes, rows, shift)):
+            for i, stream in zip(members, _encode_streams([self._prepared(codes, rows, shift)])):
                 streams[i] = stream
         return streams
 
@@ -212,42 +236,27 @@ class EntropyTable:
             self._fixed = (low, high - low)
         return self._fixed
 
-    def _encode_streams(self, codes: np.ndarray, rows: int, shift: np.ndarray) -> list[bytes]:
-        """(S, m * r) int64 codes, one stream per row, each at its shift -> S ANS streams (module docstring)."""
-        count, length = codes.shape
+    def _prepared(self, codes: np.ndarray, rows: int, shift: np.ndarray) -> _Prepared:
+        """(S, m * r) int32 codes of `rows` rows each, one stream per row at its shift -> what the coder pushes."""
         order = self._order(rows)
         codes = codes[:, order.order]  # class-major
-        classes = order.classes[None, :] - shift[:, None]  # (S, L)
-        offset = self.offset.numpy()[classes]
+        classes = order.classes.astype(np.int32)[None, :] - shift.astype(np.int32)[:, None]  # (S, L)
+        offset = self.offset.numpy().astype(np.int32).take(classes)
         outside = np.abs(codes) > offset
-        symbols = np.where(outside, 2 * offset + 1, codes + offset)  # (S, L)
-        # (L, S) uint64 each: step t reads one contiguous row (a column of (S, L) would miss the cache per stream)
-        cumulative, frequency = (table[classes.T, symbols.T] for table in self._fixed_point())
-        state = np.zeros(count, dtype=np.uint64)
-        owners: list[np.ndarray] = []  # the stream of every word written, in the order written
-        words: list[np.ndarray] = []
-        streams, places = np.nonzero(outside)  # escaped values: pushed first (a stack), so decoded last
-        if streams.size:
-            escaped = np.clip(codes[streams, places] + ESCAPE_RANGE // 2, 0, ESCAPE_RANGE - 1).astype(np.uint64)
-            rank = np.arange(streams.size) - np.searchsorted(streams, streams)  # index of each escape in its stream
-            for k in range(int(rank.max()), -1, -1):
-                pick = rank == k
-                members = streams[pick]
-                frequency_k = np.full(members.size, ESCAPE_FREQUENCY, dtype=np.uint64)
-                state[members] = _push(state[members], escaped[pick] * np.uint64(ESCAPE_FREQUENCY), frequency_k,
-                                       members, owners, words)
-        everyone = np.arange(count)
-        for t in range(length - 1, -1, -1):  # encode_reverse: the last symbol first
-            state = _push(state, cumulative[t], frequency[t], everyone, owners, words)
-        low_word, high_word = state & np.uint64(0xFFFFFFFF), state >> np.uint64(WORD_BITS)
-        for keep, word in ((state > 0, low_word), (high_word > 0, high_word)):  # the final state, low word first
-            owners.append(everyone[keep])
-            words.append(word[keep])
-        owner = np.concatenate(owners)
-        rank = np.argsort(owner, kind="stable")
-        data = np.concatenate(words).astype(np.uint32)[rank]
-        bounds = np.searchsorted(owner[rank], np.arange(count + 1))
-        return [data[bounds[i] : bounds[i + 1]].tobytes() for i in range(count)]
+        # each symbol's place in the (K, n) tables, flat: class * n + symbol (2 M + 1: the escape)
+        place = np.where(outside, 2 * offset + 1, codes + offset)
+        place += classes * np.int32(self.probs.shape[1])
+        cumulative, frequency = (table.take(place) for table in self._fixed_point_flat())
+        streams, places = np.nonzero(outside)
+        escaped = np.clip(codes[streams, places].astype(np.int64) + ESCAPE_RANGE // 2, 0,
+                          ESCAPE_RANGE - 1).astype(np.uint64)
+        return _Prepared(cumulative, frequency, streams, escaped)
+
+    def _fixed_point_flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """_fixed_point's tables, flat and as uint32 (every value is below 2^PRECISION), for _prepared."""
+        if self._fixed_flat is None:
+            self._fixed_flat = tuple(table.ravel().astype(np.uint32) for table in self._fixed_point())
+        return self._fixed_flat
 
     def decode(self, stream: bytes, rows: int, shift: int = 0) -> torch.Tensor:
         """Inverse of encode: one ANS stream -> (rows, r) int32 codes."""
@@ -346,6 +355,95 @@ class EntropyTable:
     @classmethod
     def from_state(cls, state: dict[str, torch.Tensor]) -> EntropyTable:
         return cls(state["probs"], state["offset"], state["classes"])
+
+
+def encode_tables(jobs: list[tuple[EntropyTable, list[torch.Tensor], list[int]]]) -> list[list[bytes]]:
+    """encode_many of several tables in few numpy passes: per job (table, chunks, shifts), the bytes of
+    table.encode_many(chunks, shifts), chunk for chunk (module docstring)."""
+    if sum(len(chunks) for _, chunks, _ in jobs) < ENCODE_VECTORIZED:
+        return [table.encode_many(chunks, shifts) for table, chunks, shifts in jobs]
+    groups = []  # (symbols per stream, job, rows, members): chunks of one table and one row count
+    for j, (table, chunks, shifts) in enumerate(jobs):
+        by_rows: dict[int, list[int]] = {}
+        for i, codes in enumerate(chunks):
+            by_rows.setdefault(codes.shape[0], []).append(i)
+        for rows, members in by_rows.items():
+            for shift in {shifts[i] for i in members}:
+                table._check(shift)
+            groups.append((rows * table.columns, j, rows, members))
+    groups.sort(key=lambda g: -g[0])
+
+    def prepared(j: int, rows: int, members: list[int]) -> _Prepared:
+        table, chunks, shifts = jobs[j]
+        codes = torch.stack([chunks[i] for i in members]).reshape(len(members), -1).int().numpy()
+        return table._prepared(codes, rows, np.array([shifts[i] for i in members], dtype=np.int64))
+
+    out: list[list[bytes | None]] = [[None] * len(chunks) for _, chunks, _ in jobs]
+    batch, size = [], 0
+    for group in [*groups, None]:  # batches of at most ENCODE_BATCH_SYMBOLS, prepared one batch at a time
+        symbols = 0 if group is None else group[0] * len(group[3])
+        if batch and (group is None or size + symbols > ENCODE_BATCH_SYMBOLS):
+            streams = iter(_encode_streams([prepared(j, rows, members) for _, j, rows, members in batch]))
+            for _, j, _, members in batch:
+                for i in members:
+                    out[j][i] = next(streams)
+            batch, size = [], 0
+        if group is not None:
+            batch.append(group)
+            size += symbols
+    return out
+
+
+def _encode_streams(parts: list[_Prepared]) -> list[bytes]:
+    """The rANS stack coder over every stream of `parts` at once (longest first) -> each stream's bytes, in order.
+
+    Each stream pushes its escaped values (the last first), then its symbols from its last one: at step t
+    the streams longer than t push their symbol (length - 1 - t); they are laid out longest first, so those
+    are a prefix. Then each writes its final state, low word first (constriction's AnsCoder, encode_reverse).
+    """
+    order = sorted(range(len(parts)), key=lambda i: -parts[i].length)
+    count = sum(p.count for p in parts)
+    longest = max(p.length for p in parts)
+    # (T, S): step t reads one contiguous row; a stream's entries past its length are never read
+    cumulative = np.empty((longest, count), dtype=np.uint32)
+    frequency = np.empty((longest, count), dtype=np.uint32)
+    first, column, active = {}, 0, np.zeros(longest, dtype=np.int64)
+    for i in order:
+        part = parts[i]
+        first[i] = column
+        cumulative[: part.length, column : column + part.count] = part.cumulative[:, ::-1].T
+        frequency[: part.length, column : column + part.count] = part.frequency[:, ::-1].T
+        column += part.count
+        active[: part.length] = column
+    state = np.zeros(count, dtype=np.uint64)
+    owners: list[np.ndarray] = []  # the stream of every word written, in the order written
+    words: list[np.ndarray] = []
+    streams = np.concatenate([parts[i].escape_streams + first[i] for i in order])
+    if streams.size:  # escaped values: pushed first (a stack), so decoded last
+        escaped = np.concatenate([parts[i].escaped for i in order])
+        ranked = np.argsort(streams, kind="stable")
+        streams, escaped = streams[ranked], escaped[ranked]
+        rank = np.arange(streams.size) - np.searchsorted(streams, streams)  # index of each escape in its stream
+        for k in range(int(rank.max()), -1, -1):
+            pick = rank == k
+            members = streams[pick]
+            frequency_k = np.full(members.size, ESCAPE_FREQUENCY, dtype=np.uint64)
+            state[members] = _push(state[members], escaped[pick] * np.uint64(ESCAPE_FREQUENCY), frequency_k,
+                                   members, owners, words)
+    everyone = np.arange(count)
+    for t in range(longest):
+        n = active[t]
+        state[:n] = _push(state[:n], cumulative[t, :n], frequency[t, :n], everyone[:n], owners, words)
+    low_word, high_word = state & np.uint64(0xFFFFFFFF), state >> np.uint64(WORD_BITS)
+    for keep, word in ((state > 0, low_word), (high_word > 0, high_word)):  # the final state, low word first
+        owners.append(everyone[keep])
+        words.append(word[keep])
+    owner = np.concatenate(owners)
+    rank = np.argsort(owner, kind="stable")
+    data = np.concatenate(words).astype(np.uint32)[rank]
+    bounds = np.searchsorted(owner[rank], np.arange(count + 1))
+    by_column = [data[bounds[c] : bounds[c + 1]].tobytes() for c in range(count)]
+    return [stream for i in range(len(parts)) for stream in by_column[first[i] : first[i] + parts[i].count]]
 
 
 def _push(state: np.ndarray, cumulative: np.ndarray, frequency: np.ndarray, streams: np.ndarray,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from codeckv.codecs.ans import ESCAPE_RANGE, LENGTH_BYTES, STREAM_SLACK_BYTES, EntropyTable
+from codeckv.codecs.ans import ESCAPE_RANGE, LENGTH_BYTES, STREAM_SLACK_BYTES, EntropyTable, encode_tables
 from codeckv.codecs.base import Encoded
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rate import HEADER_BYTES, LADDER, NOTHING, SKIP, RateBudget, Spent, ladder_steps
@@ -96,6 +96,32 @@ def spent(chunks: list[Chunk], unit: int) -> Spent:
 
 
 @dataclass
+class _Plan:
+    """What LayerCoder._plan decided for some tokens: rungs, sinks, codes, and the parts the entropy coder codes."""
+
+    rungs: list[int]  # per chunk
+    sinks: list  # per chunk: its sink tokens' (keys, values) Encoded, or None
+    codes: torch.Tensor  # (B, S', r) int32 codes of the rows after the sinks
+    row_steps: torch.Tensor  # (S',)
+    parts: list[torch.Tensor]  # per chunk not at the skip rung: its (B * rows, r) codes
+    shifts: list[int]  # their rungs' class shifts
+
+
+def archive_layers(requests: list[tuple]) -> list[tuple[list[Chunk], tuple[torch.Tensor, torch.Tensor]]]:
+    """LayerCoder.archive for several layers at once, (coder, keys, values, start, unit, budget, before) each:
+    every layer's chunks and decoded (keys, values), as its own archive gives, with one entropy-coding pass
+    over all of their streams (ans.encode_tables: a flush of many layers, codeckv/flush.py)."""
+    plans = [coder._plan(*args) for coder, *args in requests]
+    streams = encode_tables([(coder.table, plan.parts, plan.shifts) for (coder, *_), plan in zip(requests, plans)])
+    results = []
+    for (coder, keys, _, start, *_), plan, coded in zip(requests, plans, streams):
+        chunks = coder._chunks(plan, coded)
+        sink_parts = [c.sink for c in chunks if c.sink]
+        results.append((chunks, coder._reconstruct(plan.codes, plan.row_steps, sink_parts, start, keys.dtype)))
+    return results
+
+
+@dataclass
 class LayerCoder:
     """One layer's calibrated transform coder (module docstring): K and V (B, H, S, D) <-> chunks."""
 
@@ -145,7 +171,8 @@ class LayerCoder:
 
         before: what the layer's archive held before these tokens (the rate control's running budget).
         """
-        return self._code(keys, values, start, unit, budget, before)[0]
+        plan = self._plan(keys, values, start, unit, budget, before)
+        return self._chunks(plan, self.table.encode_many(plan.parts, plan.shifts))
 
     def archive(self, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int, budget: RateBudget,
                 before: Spent = NOTHING):
@@ -154,9 +181,7 @@ class LayerCoder:
         -> (chunks, (keys, values) in keys' dtype), the decoded tensors bit for bit those of decode(chunks):
         ANS is lossless, so the stored streams decode to these very codes, and both paths run the same ops.
         """
-        chunks, codes, row_steps = self._code(keys, values, start, unit, budget, before)
-        sink_parts = [c.sink for c in chunks if c.sink]
-        return chunks, self._reconstruct(codes, row_steps, sink_parts, start, keys.dtype)
+        return archive_layers([(self, keys, values, start, unit, budget, before)])[0]
 
     def project(self, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
         """Keys, values (B, H, S, D) at positions start.. -> (B, S, r) float32 components y."""
@@ -185,8 +210,10 @@ class LayerCoder:
             shifts = torch.tensor(LADDER)[rungs].repeat_interleave(counts)  # (S',) each row's rung's shift
             steps = self.steps[rungs].repeat_interleave(counts)
             place = (self.table.classes[None, :] - shifts[:, None]) * width + COST_LIMIT + 1  # (S', r)
-        q = ecsq_rows(y, steps).clamp_(-COST_LIMIT - 1, COST_LIMIT + 1).long() + place
-        per_row = self._costs[q].sum((0, 2), dtype=torch.float64)  # (S',)
+            steps = steps[None, :, None]
+        # ecsq_rows's codes (steps are finite here), clamped and placed in float: one pass fewer per op
+        where = (y / steps).round_().clamp_(-COST_LIMIT - 1, COST_LIMIT + 1).add_(place.float()).long()
+        per_row = self._costs.take(where).sum((0, 2), dtype=torch.float64)  # (S',)
         total = torch.cat([torch.zeros(1, dtype=torch.float64), per_row.cumsum(0)])
         edges = torch.tensor(bounds)
         return ((total[edges[1:]] - total[edges[:-1]]) / 8).ceil().long() + STREAM_SLACK_BYTES
@@ -211,9 +238,10 @@ class LayerCoder:
             costs[torch.arange(chunks), rung] = self.stream_bytes(y, bounds, rung)
         return budget.choose(costs, sink_bytes, before, unit)
 
-    def _code(self, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int, budget: RateBudget,
-              before: Spent):
-        """Chunks of the tokens from position start, their (B, S', r) codes after the sinks and (S',) row steps."""
+    def _plan(self, keys: torch.Tensor, values: torch.Tensor, start: int, unit: int, budget: RateBudget,
+              before: Spent) -> _Plan:
+        """The chunks of the tokens from position start, up to the entropy coder: each one's rung and sinks, the
+        (B, S', r) codes after the sinks, their (S',) row steps, and the parts to entropy-code."""
         sinks = self._sinks(start, keys.shape[2])
         y = self.project(keys[:, :, sinks:], values[:, :, sinks:], start + sinks)  # (B, S', r)
         bounds, sink_parts = [0], []
@@ -228,17 +256,18 @@ class LayerCoder:
         rungs = self._choose(y, bounds, sink_bytes, budget, before, unit)
         row_steps = self._row_steps(rungs, bounds)
         codes = self.quantize(y, row_steps)
-        parts, shifts, coded = [], [], []
+        parts, shifts = [], []
         for j, rung in enumerate(rungs):
             if rung != SKIP:
                 parts.append(codes[:, bounds[j] : bounds[j + 1]].reshape(-1, self.kept))
                 shifts.append(LADDER[rung])
-                coded.append(j)
-        streams = [b""] * len(rungs)
-        for j, stream in zip(coded, self.table.encode_many(parts, shifts)):
-            streams[j] = stream
-        chunks = [Chunk(stream, rung, sink) for stream, rung, sink in zip(streams, rungs, sink_parts)]
-        return chunks, codes, row_steps
+        return _Plan(rungs, sink_parts, codes, row_steps, parts, shifts)
+
+    def _chunks(self, plan: _Plan, streams: list[bytes]) -> list[Chunk]:
+        """The plan's chunks, given the streams of its coded parts (chunks at the skip rung store none)."""
+        streams = iter(streams)
+        return [Chunk(b"" if rung == SKIP else next(streams), rung, sink)
+                for rung, sink in zip(plan.rungs, plan.sinks)]
 
     def _row_steps(self, rungs: list[int], bounds: list[int]) -> torch.Tensor:
         """(S',) the step of every PCA-coded row: its chunk's rung's (NaN for the skip rung)."""
