@@ -87,7 +87,7 @@ class Calibration:
 def budget_shares(calibration: Calibration, layers=None) -> dict[int, float]:
     """Each layer's share of its tier's bits per element, over `layers` (default: every calibrated layer).
 
-    At the one calibrated step, layers cost different bits (0.4x to 1.4x the mean on smollm2-135m): a share
+    At the one calibrated step, layers cost different bits (0.3x to 1.5x the mean on smollm2-135m): a share
     is a layer's calibrated bits per element over the mean of `layers`, weighted by elements, so the shares
     of `layers` times their elements sum to their elements and the layers together keep the tier's budget,
     while each one's rate control (codecs/rate.py) centres on the common step instead of on an equal split.

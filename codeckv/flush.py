@@ -56,8 +56,6 @@ def flush_layers(layers: list) -> None:
             if size >= limit or layer is members[-1]:
                 _flush_batch(batch, count, limit)
                 batch, size = [], 0
-
-
     _flush_pca(pca)
 
 

@@ -296,8 +296,9 @@ def test_calibration_text_is_apart_from_the_quality_windows(loaded):
     from codeckv.corpus import corpus_text, text_windows
 
     ids = loaded.tokenizer(corpus_text(), return_tensors="pt").input_ids[0]
-    calib = calibration.calibration_windows(loaded.tokenizer, 8, 512)
-    assert torch.equal(calib.reshape(-1), ids[-8 * 512 :])
+    spec = TIERS["pca-8x"].joint
+    calib = calibration.calibration_windows(loaded.tokenizer, spec.calibration_windows, spec.calibration_length)
+    assert torch.equal(calib.reshape(-1), ids[-spec.calibration_windows * spec.calibration_length :])
     assert text_windows(loaded.tokenizer, corpus_text(), 64, 513).numel() < ids.numel() - calib.numel()
 
 

@@ -49,7 +49,7 @@ class JointPCA:
 
     bits_per_element: float  # the budget: stored bits per K/V element, everything counted (codecs/rate.py)
     sink_tokens: int = 1  # positions < sink_tokens are coded apart (8-bit groups)
-    calibration_windows: int = 8  # calibration text: windows x tokens (codeckv/calibration.py)
+    calibration_windows: int = 32  # calibration text: windows x tokens, 16k tokens (codeckv/calibration.py)
     calibration_length: int = 512
 
     def __post_init__(self) -> None:
