@@ -45,10 +45,11 @@ PRECISION = 24  # constriction's default ANS coder: 24-bit probabilities, 32-bit
 WORD_BITS = 32
 ESCAPE_FREQUENCY = (1 << PRECISION) // ESCAPE_RANGE  # the Uniform(ESCAPE_RANGE) model: every value 2^24 / 2^16
 STREAM_SLACK_BYTES = 8  # a stream is at most this much longer than ceil(ideal bits / 8): its final 64-bit state
-# From how many streams of one length on encode_many / decode_many take the numpy coder: one numpy step per
-# symbol costs about as much for 16 streams as for 128, so few streams go through constriction. Measured on
-# chunks of smollm2-135m (354 components): encoding 64 chunks took 0.60 s with constriction and 0.50 s in
-# numpy, 128 chunks 1.36 s and 0.58 s; decoding 128 chunks 0.78 s and 1.23 s (a loaded 2-core CPU).
+# From how many streams on encode_tables (all its chunks) and decode_many (streams of one length) take the
+# numpy coder: one numpy step per symbol costs about as much for 16 streams as for 128, so few streams go
+# through constriction. Measured on chunks of smollm2-135m (354 components): encoding 64 chunks took 0.60 s
+# with constriction and 0.50 s in numpy, 128 chunks 1.36 s and 0.58 s; decoding 128 chunks 0.78 s and 1.23 s
+# (a loaded 2-core CPU).
 ENCODE_VECTORIZED = 48
 ENCODE_BATCH_SYMBOLS = 1 << 23  # symbols one numpy pass codes at most (its uint32 tables: 64 MiB)
 DECODE_VECTORIZED = 160
@@ -203,23 +204,7 @@ class EntropyTable:
 
     def encode_many(self, chunks: list[torch.Tensor], shifts: list[int] | None = None) -> list[bytes]:
         """Many (m_i, r) integer code arrays -> one ANS stream each, byte for byte what encode() writes for each."""
-        shifts = [0] * len(chunks) if shifts is None else shifts
-        streams: list[bytes | None] = [None] * len(chunks)
-        by_rows: dict[int, list[int]] = {}
-        for i, codes in enumerate(chunks):
-            by_rows.setdefault(codes.shape[0], []).append(i)
-        for rows, members in by_rows.items():
-            if len(members) < ENCODE_VECTORIZED:
-                for i in members:
-                    streams[i] = self.encode(chunks[i], shifts[i])
-                continue
-            for shift in {shifts[i] for i in members}:
-                self._check(shift)
-            codes = torch.stack([chunks[i] for i in members]).reshape(len(members), -1).int().numpy()
-            shift = np.array([shifts[i] for i in members], dtype=np.int64)
-            for i, stream in zip(members, _encode_streams([self._prepared(codes, rows, shift)])):
-                streams[i] = stream
-        return streams
+        return encode_tables([(self, chunks, [0] * len(chunks) if shifts is None else shifts)])[0]
 
     def _fixed_point(self) -> tuple[np.ndarray, np.ndarray]:
         """Per model and symbol, the (K, n) uint64 cumulative and frequency constriction's model gives them."""
@@ -358,10 +343,10 @@ class EntropyTable:
 
 
 def encode_tables(jobs: list[tuple[EntropyTable, list[torch.Tensor], list[int]]]) -> list[list[bytes]]:
-    """encode_many of several tables in few numpy passes: per job (table, chunks, shifts), the bytes of
-    table.encode_many(chunks, shifts), chunk for chunk (module docstring)."""
+    """encode_many of several tables in few numpy passes: per job (table, chunks, shifts), one stream per chunk,
+    byte for byte what table.encode(chunk, shift) writes (module docstring). Few chunks go through constriction."""
     if sum(len(chunks) for _, chunks, _ in jobs) < ENCODE_VECTORIZED:
-        return [table.encode_many(chunks, shifts) for table, chunks, shifts in jobs]
+        return [[table.encode(c, shift) for c, shift in zip(chunks, shifts)] for table, chunks, shifts in jobs]
     groups = []  # (symbols per stream, job, rows, members): chunks of one table and one row count
     for j, (table, chunks, shifts) in enumerate(jobs):
         by_rows: dict[int, list[int]] = {}
