@@ -20,7 +20,6 @@ import gradio as gr
 from codeckv.corpus import corpus_text
 from codeckv.formatting import (
     model_markdown,
-    stopped_markdown,
 )
 from codeckv.guard import guarded
 from codeckv.inputs import (
@@ -38,7 +37,7 @@ from codeckv.limits import Limits, StopFlag, release_memory
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.needle import as_dicts as needle_dicts
 from codeckv.measure.table import write_csv
-from codeckv.models import DEFAULT_MODEL, ModelUnavailableError
+from codeckv.models import DEFAULT_MODEL
 from codeckv.peers import PEERS, absent_reason
 from codeckv.plots import needle_figure
 from codeckv.pool import POOL
@@ -58,12 +57,14 @@ from codeckv.service import (
     SOURCES,
     chat_download,
     chat_gpu_seconds,
-    chat_panels,
     chat_resume,
+    chat_stop,
     chat_stream,
+    end_session,
     fresh_stop,
     inspect_request,
     memory_request,
+    model_shape,
     needle_cells,
     needle_request,
     needle_table,
@@ -73,7 +74,6 @@ from codeckv.service import (
     sweep_token_kld,
     sweep_views,
 )
-from codeckv.sessions import IDLE
 from codeckv.tiers import TIERS
 
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
@@ -109,9 +109,7 @@ def stop_turn(session):
     """Stop: keep what both sides generated and say what was measured before the stop."""
     if not isinstance(session, ChatSession):
         return gr.update(), gr.update(), gr.update(), gr.update()
-    last = session.stop()
-    native, codec = chat_panels(session)
-    return native, codec, stopped_markdown(last, "native"), stopped_markdown(last, "codec")
+    return chat_stop(session)
 
 
 @gpu(duration=DOWNLOAD_GPU_SECONDS)
@@ -141,8 +139,7 @@ def resume_chat(upload, model_name, session):
 def clear_chat(session):
     """Forget the conversation and release both caches."""
     if isinstance(session, ChatSession):
-        session.clear()
-        IDLE.forget(session)
+        end_session(session)
     release_memory()
     return [], [], "", "", session
 
@@ -247,24 +244,14 @@ def advanced_settings():
     return [custom, block, k, bits, value_bits, group, rotation, keep_first, keep_recent, per_layer]
 
 
-def model_shape(name: str) -> tuple[int, int]:
-    """(layers, KV heads) of a model, for the Inspect sliders at build time; (1, 1) if it cannot load here."""
-    try:
-        info = POOL.get(name).info
-    except (ModelUnavailableError, ValueError, OSError):
-        return 1, 1  # the model panel shows why when the page loads
-    return len(info.layer_types), info.num_kv_heads
-
-
 def release_session(session) -> None:
     """The browser tab closed (or the session expired): drop its caches."""
     if isinstance(session, ChatSession):
-        session.clear()
-        IDLE.forget(session)
+        end_session(session)
 
 
 MODELS = POOL.allowed() or [DEFAULT_MODEL]
-LAYERS, KV_HEADS = model_shape(MODELS[0])
+LAYERS, KV_HEADS = model_shape(POOL, MODELS[0])
 
 with gr.Blocks(title="KV Codec Studio") as demo:
     gr.Markdown(

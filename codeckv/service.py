@@ -45,7 +45,7 @@ from codeckv.measure.side_by_side import prompt_ids
 from codeckv.measure.sweep import Sweep, sweep
 from codeckv.measure.sweep import as_dicts as sweep_dicts
 from codeckv.measure.table import write_csv, write_json
-from codeckv.models import LoadedModel
+from codeckv.models import LoadedModel, ModelUnavailableError
 from codeckv.peers import PEERS
 from codeckv.plots import memory_figure, pareto_figure
 from codeckv.saved import read_header, tier_from_spec
@@ -194,6 +194,28 @@ def chat_panels(session: ChatSession, pending: tuple[str, str, str] | None = Non
         native += [{"role": "user", "content": shown}, {"role": "assistant", "content": native_reply}]
         codec += [{"role": "user", "content": shown}, {"role": "assistant", "content": codec_reply}]
     return native, codec
+
+
+def chat_stop(session: ChatSession) -> tuple[list, list, str, str]:
+    """Stop a turn: both panels as generated so far, and what was measured before the stop (native, codec)."""
+    last = session.stop()
+    native, codec = chat_panels(session)
+    return native, codec, stopped_markdown(last, "native"), stopped_markdown(last, "codec")
+
+
+def end_session(session: ChatSession) -> None:
+    """Forget a conversation (Clear, a closed tab, an expired session): both caches released, off the idle list."""
+    session.clear()
+    IDLE.forget(session)
+
+
+def model_shape(pool, name: str) -> tuple[int, int]:
+    """(layers, KV heads) of a model of the pool, for the Inspect sliders at build time; (1, 1) if it cannot load."""
+    try:
+        info = pool.get(name).info
+    except (ModelUnavailableError, ValueError, OSError):
+        return 1, 1  # the model panel shows why when the page loads
+    return len(info.layer_types), info.num_kv_heads
 
 
 def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str, tier: Tier, max_new_tokens: int,

@@ -257,3 +257,12 @@ def test_idle_sessions_past_their_memory_bound_give_up_their_caches_and_say_so(m
     assert "caches were released while it was idle" in codec_stats and "prefilled the conversation again" in codec_stats
     assert first.runs[0].prompt_tokens > 20, "the whole conversation was prefilled again"
     assert second.runs == [] and second.evicted, "then the other session was the least recently used"
+
+
+def test_the_inspect_sliders_follow_the_model_and_fall_back_when_it_cannot_load(loaded):
+    class Unloadable:
+        def get(self, name):
+            raise service.ModelUnavailableError(f"{name}: not installed here")
+
+    assert service.model_shape(Unloadable(), "gemma3-270m") == (1, 1)
+    assert (app.LAYERS, app.KV_HEADS) == (len(loaded.info.layer_types), loaded.info.num_kv_heads) == (30, 3)
