@@ -1,7 +1,8 @@
 # Hugging Face Docker Space / local image. Built with the same scripts/setup.sh that `make` and CI use.
 FROM python:3.11-slim
 
-RUN apt-get update && apt-get install -y --no-install-recommends make && rm -rf /var/lib/apt/lists/*
+# gcc + libc6-dev: kernels/codes4_cpu.c, attention on 4-bit codes, is compiled on the machine that runs it.
+RUN apt-get update && apt-get install -y --no-install-recommends make gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN useradd --create-home --uid 1000 user
 USER user
 ENV HOME=/home/user \

@@ -17,8 +17,10 @@ archive and a few raw tokens, not a full-precision copy. A tier whose codes no k
 deltas, PCA's entropy-coded chunks: `view_reason`) keeps a decoded view instead; `materialization_free=
 False` asks for the view on any tier (the opt-in), True insists on the codes. By default the cache also
 chooses by itself a decoded view for the decode steps of a short context (up to SHORT_VIEW_TOKENS tokens,
-where SDPA on it is faster than any kernel on the codes; dropped past it and at rest); `attention` says
-which path the cache is on now (CODES, SHORT_VIEW or VIEW) and held_bytes counts the view.
+where SDPA on it is faster than the torch path on the codes; dropped past it and at rest), except on the
+CPU for tiers whose codes the compiled kernel reads (4-bit codes: kernel_ops.attention_compiled), which
+read their codes at every length; `attention` says which path the cache is on now (CODES, SHORT_VIEW or
+VIEW) and held_bytes counts the view.
 """
 
 from __future__ import annotations
@@ -62,16 +64,20 @@ class CodecCache(Cache):
     @property
     def attention(self) -> str:
         """Where attention reads this cache's archived tokens now: CODES, SHORT_VIEW (codes layers whose decode
-        steps read a short context's view, codeckv/coded_layer.py), VIEW (a decoded view throughout), or both (a
-        schedule whose layers run in different modes)."""
+        steps read a short context's view, codeckv/coded_layer.py), VIEW (a decoded view throughout), or how
+        many layers read each (a schedule, or layers whose tiers differ in what the compiled kernel reads)."""
         codec = [layer for layer in self.layers if isinstance(layer, CodecLayer)]
         coded = [layer for layer in codec if isinstance(layer, CodedLayer)]
-        if not coded:
-            return VIEW
-        mode = SHORT_VIEW if any(layer.on_view for layer in coded) else CODES
-        if len(coded) == len(codec):
-            return mode
-        return f"{mode} in {len(coded)} of {len(codec)} layers, {VIEW} in the others"
+        on_view = sum(layer.on_view for layer in coded)
+        counts = [(mode, n) for mode, n in ((CODES, len(coded) - on_view), (SHORT_VIEW, on_view),
+                                            (VIEW, len(codec) - len(coded))) if n]
+        if len(counts) <= 1:
+            return counts[0][0] if counts else VIEW
+        parts = [f"{counts[0][0]} in {counts[0][1]} of {len(codec)} layers"]
+        parts += [f"{mode} in {n}" for mode, n in counts[1:-1]]
+        last_mode, last_n = counts[-1]
+        parts.append(f"{last_mode} in the others" if len(counts) == 2 else f"{last_mode} in {last_n}")
+        return ", ".join(parts)
 
     @classmethod
     def from_config(

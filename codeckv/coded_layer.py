@@ -3,8 +3,10 @@
 Its update() returns shape-only "meta" tensors tagged with the layer (TAG) and codeckv.attention runs
 kernels.decode_attention on its segments (the stored codes, the raw tokens). Short contexts are the
 exception: a decode step on a layer holding at most SHORT_VIEW_TOKENS tokens reads a decoded view (built
-once, then kept as CodecLayer keeps its own), which SDPA reads faster than any kernel reads the codes there;
-past SHORT_VIEW_TOKENS, or at rest, the view goes. Prefill chunks never build it, so a long prompt's peak
+once, then kept as CodecLayer keeps its own), which SDPA reads faster than the torch path reads the codes
+there; past SHORT_VIEW_TOKENS, or at rest, the view goes. Not on the CPU where the compiled kernel reads
+both sides' codes (kernel_ops.attention_compiled: 4-bit codes, e.g. turbo-4): it is as fast there, so the
+codes are read at every length. Prefill chunks never build it, so a long prompt's peak
 stays the archive plus one chunk. held_bytes counts it.
 """
 
@@ -15,7 +17,7 @@ import torch
 from codeckv.archive import Archive
 from codeckv.codecs.base import Encoded, slice_encoded
 from codeckv.footprint import LayerFootprint
-from codeckv.kernel_ops import Coded, Raw, Segment, decode, decode_attention
+from codeckv.kernel_ops import Coded, Raw, Segment, attention_compiled, decode, decode_attention
 from codeckv.layers import VIEW_GROWTH_TOKENS, CodecLayer, RawTokens
 from codeckv.tiers import Tier
 
@@ -105,7 +107,8 @@ class CodedLayer(CodecLayer):
             self._view_k[:, :, self.length : self.length + new] = key_states
             self._view_v[:, :, self.length : self.length + new] = value_states
         self.length += new
-        if self.short_view and new == 1 and not self.on_view and self.length <= SHORT_VIEW_TOKENS:
+        if (self.short_view and new == 1 and not self.on_view and self.length <= SHORT_VIEW_TOKENS
+                and not self._codes_compiled(key_states)):
             self._build_view(key_states, value_states)  # a decode step at a short context (module docstring)
         if self.on_view:
             self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
@@ -115,6 +118,11 @@ class CodedLayer(CodecLayer):
         setattr(keys, TAG, self)
         setattr(values, TAG, self)
         return keys, values
+
+    def _codes_compiled(self, key_states: torch.Tensor) -> bool:
+        """True on the CPU when the compiled kernel reads both sides' codes: no short view is worth its memory."""
+        return key_states.device.type == "cpu" and attention_compiled(
+            self.tier.key, self.tier.value, key_states.shape[-1])
 
     def _build_view(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Decode every held token into a new view of the layer's length plus VIEW_GROWTH_TOKENS (capped)."""

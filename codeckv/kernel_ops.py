@@ -1,6 +1,7 @@
 """The kernel ops codeckv uses, from the kernels package that sits beside codeckv (the only way codeckv reaches it).
 
     from codeckv.kernel_ops import decode_attention, encode, decode, backend_name, op_backends, layout_of
+    from codeckv.kernel_ops import attention_compiled
 
 Why the indirection: the Hugging Face hub has a package named `kernels` too (PyPI `kernels`, which
 transformers probes for). Two top-level `kernels` packages cannot be installed side by side (the
@@ -46,6 +47,7 @@ PACKAGE = _package_name()
 _ops = importlib.import_module(f"{PACKAGE}.ops")
 _layout = importlib.import_module(f"{PACKAGE}.layout")
 
+attention_compiled = _ops.attention_compiled
 Coded = _ops.Coded
 Raw = _ops.Raw
 Segment = _ops.Segment

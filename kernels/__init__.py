@@ -6,12 +6,14 @@
     enc = rotate_quant(x, codec)          # ... or the rotation + quantizer one (block 1); their decoders:
     x = dct_decode(enc, codec); x = dequant_rotate(enc, codec)
     out = decode_attention(q, [Raw(k0, v0), Coded(kc, k_enc, vc, v_enc), Raw(k1, v1)])  # (B, Hq, T, Dv)
+    attention_compiled(kc, vc, head_dim)  # True: on the CPU both sides are read by the compiled kernel
 
 The kernels read the row layout each codec declares (`codec.row_layout()`, kernels/layout.py) and
 import no codec class. Every op dispatches on `tensor.is_cuda`: the Triton kernel on a GPU when the
 codec's layout allows it (and, for attention, when no mask is given), else torch: the codec's own
 encode / decode, and for attention decode_attention_torch (kernels/decode_attention_torch.py, the fast
-path the CPU uses) or, for a codec without a row layout, the reference; `backend_name(device, codec)`
+path the CPU uses, which hands 4-bit codes to a compiled C kernel, kernels/codes4_cpu.py, where a C
+compiler is found) or, for a codec without a row layout, the reference; `backend_name(device, codec)`
 says which one a tensor gets, and why for the torch path.
 
 The ops live in kernels/ops.py and this package imports nothing until one of these names is used
@@ -30,6 +32,7 @@ __all__ = [
     "Coded",
     "Raw",
     "Segment",
+    "attention_compiled",
     "backend_name",
     "dct_decode",
     "dct_encode",

@@ -37,6 +37,7 @@ import torch
 
 from codeckv.codecs.layout import Codec, Encoded, RowLayout
 
+from .codes4_cpu import codes4_scores, codes4_supported, codes4_weighted
 from .decode_attention import Coded, Raw, Segment, _bias, _geometry
 from .layout import basis, layout_of, levels, rotation, tensors
 
@@ -50,6 +51,15 @@ def decode_attention_torch_supported(segments: list[Segment]) -> bool:
     return all(
         isinstance(_layout(codec), RowLayout)
         for seg in segments if isinstance(seg, Coded) for codec in (seg.key_codec, seg.value_codec)
+    )
+
+
+def decode_attention_torch_compiled(segment: Coded, head_dim: int, query_rows: int = 1) -> tuple[bool, bool]:
+    """Whether the compiled CPU kernel (codes4_cpu) multiplies (keys, values) of `segment` on their codes."""
+    device = next(iter(segment.keys.data.values())).device
+    return tuple(
+        _Side(codec, enc, head_dim, device, query_rows).compiled
+        for codec, enc in ((segment.key_codec, segment.keys), (segment.value_codec, segment.values))
     )
 
 
@@ -118,9 +128,10 @@ _SCRATCH = _Scratch()
 
 
 class _Side:
-    """One side (keys or values) of a coded segment, read as float32 rows a piece at a time."""
+    """One side (keys or values) of a coded segment, read as float32 rows a piece at a time, or, for 4-bit
+    codes on the CPU with few query rows, multiplied on its codes by the compiled kernel (codes4_cpu)."""
 
-    def __init__(self, codec: Codec, enc: Encoded, head_dim: int, device: torch.device) -> None:
+    def __init__(self, codec: Codec, enc: Encoded, head_dim: int, device: torch.device, query_rows: int) -> None:
         self.layout: RowLayout = _layout(codec)
         self.data, self.scale, self.offset = tensors(self.layout, enc)
         self.spec = spec = self.layout.quant
@@ -130,10 +141,15 @@ class _Side:
         self.table = None  # a gather table, or None: raw rows and 8-bit integer codes are cast
         self.planes = 1  # > 1: integer codes unpacked by shifts into planes (rows in `perm` channel order)
         self.perm = None  # channel of each row column when planar, else None
-        if spec is not None and _planar(spec):
+        self.compiled = (  # the products run on the codes (rows() is never called); channels stay in order
+            device.type == "cpu" and self.layout.block == 1 and self.layout.k == 1
+            and codes4_supported(spec, head_dim, query_rows) and self.scale is not None
+            and self.scale.dtype == torch.float16 and (not spec.per_channel or self.unit % spec.group == 0)
+        )
+        if not self.compiled and spec is not None and _planar(spec):
             self.planes = 8 // spec.bits
             self.perm = _plane_order(head_dim, self.planes, device)
-        elif spec is not None and (spec.bits != 8 or spec.lloyd_max):
+        elif not self.compiled and spec is not None and (spec.bits != 8 or spec.lloyd_max):
             self.table = _code_table(tuple(levels(spec, device).tolist()), spec.bits, device)
         self.out_map = None  # (D, D): planar / rotated value rows -> the tokens' channels
         if self.q is not None:
@@ -151,7 +167,29 @@ class _Side:
         return out if self.perm is None else out.index_copy(-1, self.perm, out)
 
     def rows_per_token(self) -> float:
-        return self.layout.k / self.layout.block
+        """float32 rows a piece materializes per token (none on the compiled path)."""
+        return 0.0 if self.compiled else self.layout.k / self.layout.block
+
+    def _codes(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes and float16 scales of tokens [start, stop) (start a multiple of a per-channel group)."""
+        spec = self.spec
+        if spec.per_channel:
+            return self.data[:, :, start:stop], self.scale[:, :, start // spec.group : -(-stop // spec.group)]
+        return self.data[:, :, start:stop], self.scale[:, :, start:stop]
+
+    def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """q (B, H, NQ, D) . the rows of tokens [start, stop) without their offsets: (B, H, NQ, n)."""
+        if self.compiled:
+            codes, scale = self._codes(start, stop)
+            return codes4_scores(q, codes, scale, self.spec)
+        return q @ self.rows(start, stop).transpose(2, 3)
+
+    def weighted(self, row_weights: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """row_weights (B, H, NQ, n) @ the rows of tokens [start, stop) without their offsets: (B, H, NQ, D)."""
+        if self.compiled:
+            codes, scale = self._codes(start, stop)
+            return codes4_weighted(row_weights, codes, scale, self.spec)
+        return row_weights @ self.rows(start, stop)
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows of tokens [start, stop) (whole units), scaled but without their offsets: (B, H, n_rows, D) float32."""
@@ -312,13 +350,13 @@ class _CodedPiece:
         self.tokens = stop - start
 
     def scores(self, q: torch.Tensor) -> torch.Tensor:
-        row_scores = self.q @ self.keys.rows(self.start, self.stop).transpose(2, 3)
+        row_scores = self.keys.scores(self.q, self.start, self.stop)
         self.keys.add_score_offsets(row_scores, self.q, self.start, self.stop)
         return self.keys.to_tokens(row_scores)
 
     def weighted(self, weights: torch.Tensor) -> torch.Tensor:
         row_weights = self.values.to_rows(weights)
-        out = row_weights @ self.values.rows(self.start, self.stop)
+        out = self.values.weighted(row_weights, self.start, self.stop)
         self.values.add_output_offsets(out, row_weights, self.start, self.stop)
         return self.values.output(out)
 
@@ -333,10 +371,10 @@ def _pieces(segments: list[Segment], q: torch.Tensor, max_tokens: int, head_dims
             for lo in range(0, seg.tokens, step):
                 yield _RawPiece(seg, lo, min(seg.tokens, lo + step))
             continue
-        keys = _Side(seg.key_codec, seg.keys, d, q.device)
-        values = _Side(seg.value_codec, seg.values, dv, q.device)
+        keys = _Side(seg.key_codec, seg.keys, d, q.device, q.shape[2])
+        values = _Side(seg.value_codec, seg.values, dv, q.device, q.shape[2])
         unit = math.lcm(seg.key_codec.block_tokens, seg.value_codec.block_tokens, keys.unit, values.unit)
-        per_token = b * h * 4 * max(d * keys.rows_per_token(), dv * values.rows_per_token())
+        per_token = b * h * 4 * max(d * keys.rows_per_token(), dv * values.rows_per_token(), 1)
         step = max(unit, int(min(max_tokens, ROWS_BYTES // per_token)) // unit * unit)
         qk = keys.query(q)
         for lo in range(0, seg.tokens, step):

@@ -3,6 +3,7 @@
     enc = encode(x, codec)      # any codec: the DCT or rotation/quantizer kernel on CUDA when its layout allows
     x = decode(enc, codec)      # else codec.encode / codec.decode (the reference everywhere)
     out = decode_attention(q, segments, scale, mask)  # Triton | decode_attention_torch | the reference
+    attention_compiled(key_codec, value_codec, 64)     # True: on the CPU both sides run on codes4_cpu
     backend_name("cuda", codec) # "triton", or "torch (why)" for a codec without a row layout
     op_backends(key_codec, value_codec, "cuda", head_dim=64)  # per op: which kernel, or torch and why
 
@@ -12,12 +13,14 @@ Imported lazily by kernels/__init__.py (see there why); use them as `kernels.<op
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
 
 from codeckv.codecs.layout import Codec, Encoded, NoRowLayout, RowLayout
 
+from .codes4_cpu import codes4_status
 from .dct_decode import dct_decode_ref, dct_decode_supported, dct_decode_triton
 from .dct_encode import dct_encode_ref, dct_encode_supported, dct_encode_triton
 from .decode_attention import (
@@ -28,7 +31,11 @@ from .decode_attention import (
     decode_attention_supported,
     decode_attention_triton,
 )
-from .decode_attention_torch import decode_attention_torch, decode_attention_torch_supported
+from .decode_attention_torch import (
+    decode_attention_torch,
+    decode_attention_torch_compiled,
+    decode_attention_torch_supported,
+)
 from .dequant_rotate import dequant_rotate_ref, dequant_rotate_supported, dequant_rotate_triton
 from .layout import layout_of
 from .rotate_quant import rotate_quant_ref, rotate_quant_supported, rotate_quant_triton
@@ -37,6 +44,7 @@ __all__ = [  # re-exported by kernels/__init__.py
     "Coded",
     "Raw",
     "Segment",
+    "attention_compiled",
     "backend_name",
     "dct_decode",
     "dct_encode",
@@ -95,11 +103,33 @@ def op_backends(
         paths["attention"] = "triton decode_attention (torch where a mask is given: a left-padded batch)"
     elif decode_attention_torch_supported(coded):
         reason = "no CUDA device" if not on_cuda else "keys and values differ in block geometry (r, k)"
-        paths["attention"] = f"torch decode_attention_torch ({reason})"
+        paths["attention"] = f"torch decode_attention_torch ({reason}{_compiled_part(coded[0], head_dim, on_cuda)})"
     else:
         reasons = {_why_no_kernel(layout_of(c), head_dim, dtype) for c in (key_codec, value_codec)}
         paths["attention"] = f"torch reference, decodes first ({'; '.join(sorted(reasons))})"
     return paths
+
+
+def _compiled_part(segment: Coded, head_dim: int, on_cuda: bool) -> str:
+    """What the compiled CPU kernel does in decode_attention_torch for this pair (a clause of op_backends')."""
+    if on_cuda:
+        return ""
+    sides = [side for side, yes in zip(("keys", "values"), decode_attention_torch_compiled(segment, head_dim)) if yes]
+    status = codes4_status()
+    if not sides:
+        why = status if status.startswith("torch") else "the compiled kernel reads 4-bit codes only"
+        return f"; float rows a piece at a time: {why}"
+    return f"; {' and '.join(sides)} multiplied on their codes by codes4_cpu, {status}"
+
+
+@functools.cache
+def attention_compiled(key_codec: Codec, value_codec: Codec, head_dim: int) -> bool:
+    """True when decode_attention on CPU tensors multiplies both sides on their codes in the compiled kernel
+    (kernels/codes4_cpu.py): it then makes no float row, and a short context reads its codes about as fast
+    as SDPA reads a decoded view (a decode step, G <= codes4_cpu.MAX_ROWS query heads per KV head)."""
+    stored = [codec.encode(torch.zeros(1, 1, codec.block_tokens, head_dim)) for codec in (key_codec, value_codec)]
+    segment = Coded(key_codec, stored[0], value_codec, stored[1])
+    return decode_attention_torch_supported([segment]) and all(decode_attention_torch_compiled(segment, head_dim))
 
 
 def _why_no_kernel(layout: RowLayout | NoRowLayout, head_dim: int, dtype: torch.dtype) -> str:

@@ -10,8 +10,10 @@ from transformers import DynamicCache
 from codeckv.attention import use_codec_attention
 from codeckv.cache import CODES, SHORT_VIEW, CodecCache, held_bytes, make_cache
 from codeckv.coded_layer import TAG, CodedLayer
+from codeckv.kernel_ops import attention_compiled
 from codeckv.layers import CodecLayer
 from codeckv.tiers import TIERS
+from kernels.codes4_cpu import codes4_status
 
 RESIDENT_SLACK = 0.05  # resident bytes may exceed the archive by at most 5% (at 4k tokens)
 
@@ -62,9 +64,16 @@ def test_the_default_path_decodes_a_short_context_on_a_view_with_the_tokens_of_t
     assert default.attention == CODES and held_bytes(default) == held_bytes(codes), "at rest: no view"
 
 
-@pytest.mark.parametrize("tier", ["jpeg-k8-int8", "turbo-4", "int8"])
-def test_short_view_attends_like_the_codes_and_goes_past_its_length(tier, monkeypatch):
+@pytest.mark.parametrize("tier, compiled", [("jpeg-k8-int8", False), ("turbo-4", False), ("int8", False),
+                                            ("turbo-4", True)])
+def test_short_view_attends_like_the_codes_and_goes_past_its_length(tier, compiled, monkeypatch):
+    """Without the compiled kernel (or for tiers it does not read) a short context's decode steps read a view;
+    where it reads both sides' codes, the codes are read at every length and no view is ever built."""
     monkeypatch.setattr("codeckv.coded_layer.SHORT_VIEW_TOKENS", 100)
+    if not compiled:
+        monkeypatch.setattr("codeckv.coded_layer.attention_compiled", lambda *_: False)
+    elif not attention_compiled(TIERS[tier].key, TIERS[tier].value, 64):
+        pytest.skip(f"the compiled CPU kernel is not built here ({codes4_status()})")
     torch.manual_seed(0)
     config = dataclasses.replace(TIERS[tier], keep_first=3, keep_recent=5)
     short, coded = CodedLayer(config, short_view=True), CodedLayer(config)
@@ -76,7 +85,8 @@ def test_short_view_attends_like_the_codes_and_goes_past_its_length(tier, monkey
         keys, values = short.update(k, v)
         coded.update(k, v)
         query = torch.randn(1, 9, 1, 64)
-        assert short.on_view == (short.length <= 100), f"step {step}: the view lives up to SHORT_VIEW_TOKENS"
+        want = short.length <= 100 and not compiled
+        assert short.on_view == want, f"step {step}: the view lives up to SHORT_VIEW_TOKENS, never where compiled"
         if short.on_view:
             got = F.scaled_dot_product_attention(query, keys, values, enable_gqa=True)
             torch.testing.assert_close(got, coded.attend(query, None, None), atol=1e-5, rtol=1e-5, msg=f"step {step}")

@@ -6,6 +6,7 @@ from codeckv.backends import PCA_PATH, tier_backends
 from codeckv.codecs import GroupQuant, Rotation
 from codeckv.kernel_ops import op_backends
 from codeckv.tiers import TIERS
+from kernels.codes4_cpu import FLAGS, build
 
 PNG_REASON = TIERS["png"].key.row_layout().reason
 
@@ -15,14 +16,26 @@ PNG_REASON = TIERS["png"].key.row_layout().reason
                          "encode V": "triton rotate_quant", "decode V": "triton dequant_rotate"}),
     ("jpeg-k8-int8", "cuda", {"encode K": "triton dct_encode", "decode V": "triton dct_decode"}),
     ("png", "cuda", {"encode K": f"torch ({PNG_REASON})", "decode V": f"torch ({PNG_REASON})"}),
-    ("turbo-4", "cpu", {"encode K": "torch (no CUDA device)", "decode V": "torch (no CUDA device)",
-                        "attention": "torch decode_attention_torch (no CUDA device)"}),
+    ("turbo-4", "cpu", {"encode K": "torch (no CUDA device)", "decode V": "torch (no CUDA device)"}),
 ])
 def test_each_op_says_its_path(tier, device, expected):
     paths = op_backends(TIERS[tier].key, TIERS[tier].value, device, head_dim=64)
     assert set(paths) == {"encode K", "decode K", "encode V", "decode V", "attention"}
     for op, path in expected.items():
         assert paths[op] == path, (tier, device, op)
+
+
+def test_cpu_attention_says_what_the_compiled_kernel_does():
+    built, status = build(FLAGS)
+    turbo = op_backends(TIERS["turbo-4"].key, TIERS["turbo-4"].value, "cpu", 64)["attention"]
+    int8 = op_backends(TIERS["int8"].key, TIERS["int8"].value, "cpu", 64)["attention"]
+    if built is None:
+        assert turbo == int8 == f"torch decode_attention_torch (no CUDA device; float rows a piece at a time: {status})"
+        return
+    assert turbo == ("torch decode_attention_torch (no CUDA device; keys and values multiplied on their codes by "
+                     f"codes4_cpu, {status})")
+    assert int8 == ("torch decode_attention_torch (no CUDA device; float rows a piece at a time: the compiled kernel "
+                    "reads 4-bit codes only)")
 
 
 def test_attention_path_and_reason_per_tier():

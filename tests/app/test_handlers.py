@@ -8,15 +8,21 @@ import pytest
 
 import app
 from codeckv import service
-from codeckv.cache import SHORT_VIEW, VIEW, CodecCache
+from codeckv.cache import CODES, SHORT_VIEW, VIEW, CodecCache
 from codeckv.coded_layer import CodedLayer
 from codeckv.inputs import DOCUMENTS
+from codeckv.kernel_ops import attention_compiled
 from codeckv.layers import CodecLayer
 from codeckv.measure.chat import ChatSession
 from codeckv.sessions import IdleSessions
 from codeckv.tiers import TIERS
 
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]  # Advanced accordion untouched: use the preset
+
+
+def _turbo_compiled() -> bool:
+    """True where the compiled CPU kernel reads turbo-4's codes (smollm2: head_dim 64)."""
+    return attention_compiled(TIERS["turbo-4"].key, TIERS["turbo-4"].value, 64)
 
 
 def _turn(message, tier="png", tokens=12, advanced=PLAIN, session=None, decoded_view=False, document=None,
@@ -118,8 +124,12 @@ def test_a_per_layer_schedule_from_advanced_settings_runs_with_each_layer_on_its
     advanced = [*PLAIN[:-1], "0-1:int8, 29:pca-8x"]
     native, codec, _, codec_stats, *_, session = _turn("Name a colour.", tier="turbo-4", advanced=advanced)[-1]
     assert codec[-1]["content"] and "turbo-4 · 0-1:int8, 29:pca-8x" in codec_stats
-    # a one-line chat is a short context: the codes layers decode on their own short view (codeckv/coded_layer.py)
-    assert f"{SHORT_VIEW} in 29 of 30 layers, {VIEW} in the others (layer 29 (pca-8x)" in codec_stats
+    # a one-line chat is a short context: the codes layers decode on their own short view (codeckv/coded_layer.py),
+    # except where the compiled CPU kernel reads both sides' codes (turbo-4's layers)
+    if _turbo_compiled():
+        assert (f"{CODES} in 27 of 30 layers, {SHORT_VIEW} in 2, {VIEW} in 1 (layer 29 (pca-8x)") in codec_stats
+    else:
+        assert f"{SHORT_VIEW} in 29 of 30 layers, {VIEW} in the others (layer 29 (pca-8x)" in codec_stats
     layers = session.runs[1].cache.layers
     assert [layers[i].tier.name for i in (0, 1, 29)] == ["int8", "int8", "pca-8x"]
     assert layers[5].tier.key == TIERS["turbo-4"].key
@@ -128,8 +138,13 @@ def test_a_per_layer_schedule_from_advanced_settings_runs_with_each_layer_on_its
 def test_attention_reads_the_codes_by_default_and_the_stats_say_where():
     question = "What is the capital of France?"
     *_, codec_stats, _, _, _, session = _turn(question, tier="turbo-4")[-1]
-    assert f"attention {SHORT_VIEW}" in codec_stats, "a short chat: the view the cache chose, and the stats say so"
+    if _turbo_compiled():
+        assert f"attention {CODES} ·" in codec_stats, "the compiled kernel reads the codes even in a short chat"
+    else:
+        assert f"attention {SHORT_VIEW}" in codec_stats, "a short chat: the view the cache chose, and the stats say so"
     assert "through the codec cache, on the codes" in codec_stats
+    *_, codec_stats, _, _, _, _ = _turn(question, tier="int8")[-1]
+    assert f"attention {SHORT_VIEW}" in codec_stats, "int8 (no compiled kernel): a short chat decodes on a view"
     assert isinstance(session.runs[1].cache.layers[0], CodedLayer)
     *_, codec_stats, _, _, _, session = _turn(question, tier="turbo-4", decoded_view=True)[-1]
     assert "attention on a decoded view (asked for)" in codec_stats
@@ -157,7 +172,7 @@ def test_model_panel_describes_the_model():
     assert "smollm2-135m" in text and "KV bytes/token of a bf16 cache: 23,040" in text
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
     assert "png stores integer deltas" in rows["png"], "the panel says why png's attention takes the reference"
-    assert "decode_attention_torch (no CUDA device)" in rows["turbo-4"]
+    assert "decode_attention_torch (no CUDA device" in rows["turbo-4"]
     assert "no kernel reads entropy-coded chunks" in rows["pca-8x"]
     assert layers["maximum"] == 29 and heads["maximum"] == 2
 

@@ -1,0 +1,175 @@
+"""codes4_cpu: the compiled CPU kernel for attention on 4-bit codes (codes4_cpu.c), its launcher and checks.
+
+    codes4_supported(spec, head_dim, rows)     # True when the kernel takes this side for `rows` query rows
+    scores = codes4_scores(q, codes, scale, spec)     # (B, H, R, n) float32; spec: the side's QuantRows
+    out = codes4_weighted(w, codes, scale, spec)      # (B, H, R, D) float32
+    codes4_status()                            # "compiled (AVX2)", or why the torch path runs instead
+
+The torch reference is decode_attention_torch's row path (rows() then a matmul): the same numbers
+up to float32 summation order (tests/kernels/test_codes4_cpu.py). On the CPU a decode step is
+memory-bound: the torch path writes and reads 4 D bytes of float32 rows per token and side, this
+kernel reads the D/2 bytes of codes and turns them into levels in registers.
+
+The C file is compiled once per machine with the C compiler found (`$CC`, else `cc`), `-O3
+-march=native`, into the codeckv cache (CODECKV_CACHE, default ~/.cache/codeckv) under a name
+holding a hash of the source, the flags and the CPU's feature flags, so a copied cache never runs
+code built for another CPU. No compiler, a failed build or CODECKV_CPU_KERNEL=0: the torch path,
+and codes4_status() says why. Called with torch.inference_mode or not alike; ctypes releases the GIL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from codeckv.codecs.layout import QuantRows
+
+from .layout import levels
+
+SOURCE = Path(__file__).with_suffix(".c")
+FLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC")
+BUILD_TIMEOUT_S = 120
+MAX_ROWS = 64  # query rows per KV head the kernel takes (a decode step has G * T; a long prefill chunk uses torch)
+MAX_DIM = 256
+DISABLE_VARIABLE = "CODECKV_CPU_KERNEL"  # "0": never build or use the kernel
+
+
+class _Call(ctypes.Structure):
+    """Codes4Call in codes4_cpu.c: one call's tensors (data pointers), strides (elements) and sizes."""
+
+    _fields_ = [
+        (name, ctypes.c_void_p if name in ("rows", "codes", "scale", "level", "out") else ctypes.c_int64)
+        for name in (
+            "rows", "rows_b", "rows_h", "rows_r", "codes", "scale", "level",
+            "codes_b", "codes_h", "codes_t", "scale_b", "scale_h", "scale_t",
+            "group", "per_channel", "integer_levels", "out", "batch", "heads", "nrows", "tokens", "dim",
+        )
+    ]
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux), else the machine name: part of the build's name."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("CODECKV_CACHE", Path.home() / ".cache" / "codeckv")) / "kernels"
+
+
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded kernel, "compiled C (...)") or (None, "torch (why not)"): built at most once per process."""
+    if os.environ.get(DISABLE_VARIABLE, "1") == "0":
+        return None, f"torch ({DISABLE_VARIABLE}=0)"
+    return build(FLAGS)
+
+
+@functools.cache
+def build(flags: tuple[str, ...]) -> tuple[ctypes.CDLL | None, str]:
+    """Compile codes4_cpu.c with `flags` into the cache (once per source, flags, CPU and compiler) and load it.
+
+    FLAGS is what the ops use; the tests also build with "-DCODES4_PORTABLE" (the plain C loops).
+    """
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        return None, "torch (no C compiler: install gcc or clang, or set CC)"
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(flags).encode(), _cpu_flags().encode(),
+                                      compiler.encode()])).hexdigest()
+    target = _cache_dir() / f"codes4_cpu-{platform.machine()}-{key[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then moved in whole
+            built = Path(tmp) / target.name
+            try:
+                run = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built)],
+                                     capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            except (OSError, subprocess.TimeoutExpired) as err:
+                return None, f"torch (building {SOURCE.name} failed: {err})"
+            if run.returncode != 0:
+                last = (run.stderr.strip().splitlines() or ["no message"])[-1]
+                return None, f"torch (building {SOURCE.name} failed: {last})"
+            os.replace(built, target)
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as err:
+        return None, f"torch (loading {target.name} failed: {err})"
+    for name in ("codes4_scores", "codes4_weighted"):
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.POINTER(_Call)]
+    lib.codes4_vectorized.restype = ctypes.c_int
+    kind = "AVX2" if lib.codes4_vectorized() else "portable C"
+    return lib, f"compiled C ({kind}, {Path(compiler).name} {' '.join(f for f in flags if f.startswith('-march'))})"
+
+
+def codes4_status() -> str:
+    """"compiled C (...)" when the kernel runs here, else "torch (why not)"."""
+    return _library()[1]
+
+
+def codes4_supported(spec: QuantRows | None, head_dim: int, rows: int) -> bool:
+    """True for 4-bit codes the kernel reads (head_dim a multiple of 16, per-token groups of whole 16-channel
+    chunks) with at most MAX_ROWS query rows per KV head, on a machine where it is built."""
+    if spec is None or spec.bits != 4 or head_dim % 16 or head_dim > MAX_DIM or rows > MAX_ROWS:
+        return False
+    if not spec.per_channel and spec.group % 16:
+        return False
+    return _library()[0] is not None
+
+
+def _checked(codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows):
+    b, h, n, half = codes.shape
+    d, group = 2 * half, spec.group
+    want = (b, h, -(-n // group), d) if spec.per_channel else (b, h, n, d // group)
+    if spec.bits != 4 or codes.dtype != torch.uint8 or scale.dtype != torch.float16 or tuple(scale.shape) != want:
+        raise ValueError(f"codes4: {spec.bits}-bit codes {tuple(codes.shape)} {codes.dtype} with scale "
+                         f"{tuple(scale.shape)} {scale.dtype}: expected 4-bit uint8 codes and float16 scale {want}")
+    if codes.device.type != "cpu":
+        raise ValueError(f"codes4: CPU tensors expected, not {codes.device}")
+    codes = codes if codes.stride(-1) == 1 else codes.contiguous()
+    scale = scale if scale.stride(-1) == 1 else scale.contiguous()
+    return codes, scale, (b, h, n, d)
+
+
+def _call(name: str, rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows, last: str):
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"codes4: the kernel is not built here: {codes4_status()}")
+    codes, scale, (b, h, n, d) = _checked(codes, scale, spec)
+    if rows_in.dtype != torch.float32 or rows_in.stride(-1) != 1:
+        rows_in = rows_in.float().contiguous()
+    r = rows_in.shape[2]
+    out = torch.empty(b, h, r, n if last == "tokens" else d, dtype=torch.float32)
+    call = _Call(
+        rows_in.data_ptr(), *rows_in.stride()[:3], codes.data_ptr(), scale.data_ptr(), levels(spec, "cpu").data_ptr(),
+        *codes.stride()[:3], *scale.stride()[:3], spec.group, spec.per_channel, spec.levels is None,
+        out.data_ptr(), b, h, r, n, d,
+    )
+    status = getattr(lib, name)(ctypes.byref(call))
+    if status != 0:
+        raise ValueError(f"codes4: {name} refused head_dim {d}, {r} rows, group {spec.group} (see codes4_supported)")
+    return out
+
+
+def codes4_scores(q: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows) -> torch.Tensor:
+    """q (B, H, R, D) . level[code] * scale of every token: (B, H, R, n) float32 (module docstring)."""
+    return _call("codes4_scores", q, codes, scale, spec, "tokens")
+
+
+def codes4_weighted(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows) -> torch.Tensor:
+    """w (B, H, R, n) @ (level[code] * scale): (B, H, R, D) float32 (module docstring)."""
+    return _call("codes4_weighted", w, codes, scale, spec, "channels")

@@ -1,0 +1,152 @@
+"""codes4_cpu: the compiled CPU kernel against its torch reference (the rows the codec decodes, then a matmul).
+
+Both builds are checked where a C compiler is found: the one the ops use (AVX2 where the CPU has it) and
+the plain C loops (-DCODES4_PORTABLE, what a CPU without AVX2 runs). Odd shapes: 1 row, rows past a
+register block, partial token blocks and groups, strided slices of a larger archive, batch 2.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codeckv.codecs.lloyd_max import LloydMaxQuant
+from codeckv.codecs.quant import GroupQuant
+from codeckv.tiers import TIERS
+from kernels import codes4_cpu
+from kernels.codes4_cpu import FLAGS, build, codes4_scores, codes4_status, codes4_supported, codes4_weighted
+from kernels.decode_attention import Coded, Raw, decode_attention_ref
+from kernels.decode_attention_torch import decode_attention_torch, decode_attention_torch_compiled
+from kernels.layout import layout_of, rows
+
+BUILDS = {"ops": FLAGS, "portable": (*FLAGS, "-DCODES4_PORTABLE")}
+SIDES = {
+    "integer codes per channel (turbo-4 keys)": GroupQuant(bits=4, group=32, per_channel=True),
+    "Lloyd-Max per token (turbo-4 values)": LloydMaxQuant(bits=4, group=32),
+    "integer codes per token, group 16": GroupQuant(bits=4, group=16),
+    "Lloyd-Max per channel, group 8": LloydMaxQuant(bits=4, group=8, per_channel=True),
+}
+SHAPES = [  # (batch, heads, rows, tokens, head_dim)
+    (1, 3, 3, 4096, 64),
+    (1, 1, 1, 1, 32),
+    (2, 2, 5, 77, 96),
+    (1, 4, 9, 200, 128),
+    (1, 1, 64, 40, 256),
+]
+
+
+@pytest.fixture(params=sorted(BUILDS))
+def kernel(request, monkeypatch):
+    """Each build in turn, as the one the launcher calls."""
+    lib, status = build(BUILDS[request.param])
+    if lib is None:
+        pytest.skip(f"no compiled kernel here: {status}")
+    monkeypatch.setattr(codes4_cpu, "_library", lambda: (lib, status))
+    return request.param
+
+
+def _stored(codec, shape, seed=0):
+    """(codes, scale, reference rows) of `shape`'s n tokens: a per-channel codec encodes whole groups and
+    the first n tokens are sliced from them (a partial last group); the rows leave out the offset, which
+    the kernel leaves to its caller."""
+    torch.manual_seed(seed)
+    b, h, _, n, d = shape
+    layout = layout_of(codec)
+    spec = layout.quant
+    whole = -(-n // codec.block_tokens) * codec.block_tokens
+    enc = codec.encode(torch.randn(b, h, whole, d) * torch.linspace(0.2, 3.0, d))
+    x = rows(layout, enc, 0, whole)
+    if spec.offset:
+        zero = enc.data[spec.offset].float()
+        x = x - (zero.repeat_interleave(spec.group, 2) if spec.per_channel else zero.repeat_interleave(spec.group, -1))
+    scale = enc.data["scale"][:, :, : -(-n // spec.group)] if spec.per_channel else enc.data["scale"][:, :, :n]
+    return enc.data["codes"][:, :, :n], scale, x[:, :, :n]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("side", sorted(SIDES))
+def test_products_on_the_codes_match_the_decoded_rows(kernel, side, shape):
+    codec = SIDES[side]
+    b, h, r, n, d = shape
+    codes, scale, x = _stored(codec, shape)
+    spec = layout_of(codec).quant
+    q, w = torch.randn(b, h, r, d), torch.rand(b, h, r, n)
+    got = codes4_scores(q, codes, scale, spec)
+    torch.testing.assert_close(got, q @ x.transpose(2, 3), atol=2e-4 * d**0.5, rtol=1e-4,
+                               msg=f"{kernel} build: scores of {side} {shape}")
+    got = codes4_weighted(w, codes, scale, spec)
+    torch.testing.assert_close(got, w @ x, atol=2e-4 * n**0.5, rtol=1e-4,
+                               msg=f"{kernel} build: weighted sum of {side} {shape}")
+
+
+def test_strided_slices_of_a_larger_archive(kernel):
+    """A piece of a capacity-doubled archive: codes and scales sliced along the sequence, weights a column slice."""
+    codec = SIDES["integer codes per channel (turbo-4 keys)"]
+    codes, scale, x = _stored(codec, (1, 3, 3, 256, 64))
+    spec = layout_of(codec).quant
+    codes, scale = codes[:, :, 64:160], scale[:, :, 2:5]
+    q = torch.randn(1, 3, 8, 64)[:, :, ::2]  # a row stride of 2 rows
+    w = torch.rand(1, 3, 3, 300)[..., 10:106]
+    torch.testing.assert_close(codes4_scores(q, codes, scale, spec), q @ x[:, :, 64:160].transpose(2, 3),
+                               atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(codes4_weighted(w, codes, scale, spec), w @ x[:, :, 64:160], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tier", ["turbo-4", "rotated-4"])
+def test_attention_with_the_kernel_matches_the_reference(kernel, tier):
+    """decode_attention_torch with both sides on the kernel, raw spans around, and a mask, against the reference."""
+    tier_def = TIERS[tier]
+    torch.manual_seed(1)
+    k, v = torch.randn(1, 3, 320, 64), torch.randn(1, 3, 320, 64)
+    coded = Coded(tier_def.key, tier_def.key.encode(k), tier_def.value, tier_def.value.encode(v))
+    segments = [Raw(torch.randn(1, 3, 4, 64), torch.randn(1, 3, 4, 64)), coded,
+                Raw(torch.randn(1, 3, 7, 64), torch.randn(1, 3, 7, 64))]
+    assert decode_attention_torch_compiled(coded, 64, query_rows=3) == (True, True)
+    for t in (1, 2):
+        query = torch.randn(1, 9, t, 64)
+        mask = torch.ones(1, 1, t, 331, dtype=torch.bool)
+        mask[..., 2:9] = False
+        for m in (None, mask):
+            torch.testing.assert_close(decode_attention_torch(query, segments, mask=m),
+                                       decode_attention_ref(query, segments, mask=m), atol=2e-5, rtol=1e-4,
+                                       msg=f"{kernel} build, {tier}, T={t}, mask={m is not None}")
+
+
+def test_which_sides_it_takes():
+    spec = layout_of(TIERS["turbo-4"].value).quant
+    assert not codes4_supported(layout_of(TIERS["turbo-3"].value).quant, 64, 3), "3-bit codes: the torch path"
+    assert not codes4_supported(layout_of(TIERS["int8"].value).quant, 64, 3), "8-bit codes: the torch path"
+    assert not codes4_supported(spec, 64, codes4_cpu.MAX_ROWS + 1), "a long prefill chunk's rows: torch matmuls"
+    assert not codes4_supported(spec, 40, 3), "head_dim not a multiple of 16"
+    assert not codes4_supported(None, 64, 3), "raw rows"
+    built = build(FLAGS)[0] is not None
+    assert codes4_supported(spec, 64, 3) == built and codes4_supported(spec, 256, 64) == built
+
+
+def test_no_compiler_or_disabled_means_the_torch_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    status = build((*FLAGS, "-DCODES4_TEST_NO_COMPILER"))
+    assert status == (None, "torch (no C compiler: install gcc or clang, or set CC)")
+    monkeypatch.setenv(codes4_cpu.DISABLE_VARIABLE, "0")
+    assert codes4_status() == f"torch ({codes4_cpu.DISABLE_VARIABLE}=0)"
+    assert not codes4_supported(layout_of(TIERS["turbo-4"].value).quant, 64, 3)
+    with pytest.raises(RuntimeError, match="not built here"):
+        codes4_scores(torch.zeros(1, 1, 1, 16), torch.zeros(1, 1, 1, 8, dtype=torch.uint8),
+                      torch.zeros(1, 1, 1, 1, dtype=torch.float16), layout_of(LloydMaxQuant(bits=4, group=16)).quant)
+
+
+def test_a_failed_build_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("CODECKV_CACHE", str(tmp_path))
+    lib, status = build((*FLAGS, "-DCODES4_TEST_FAILS", "-Werror=this-flag-does-not-exist"))
+    assert lib is None and status.startswith("torch (building codes4_cpu.c failed:"), status
+
+
+def test_wrong_tensors_are_refused(kernel):
+    spec = layout_of(LloydMaxQuant(bits=4, group=32)).quant
+    codes, scale = torch.zeros(1, 1, 4, 32, dtype=torch.uint8), torch.zeros(1, 1, 4, 2, dtype=torch.float16)
+    with pytest.raises(ValueError, match="expected 4-bit uint8 codes and float16 scale"):
+        codes4_scores(torch.zeros(1, 1, 1, 64), codes, scale.float(), spec)
+    with pytest.raises(ValueError, match="expected 4-bit uint8 codes and float16 scale"):
+        codes4_scores(torch.zeros(1, 1, 1, 64), codes, scale[:, :, :3], spec)
+    with pytest.raises(ValueError, match="refused head_dim"):
+        codes4_scores(torch.zeros(1, 1, codes4_cpu.MAX_ROWS + 1, 64), codes, scale, spec)
