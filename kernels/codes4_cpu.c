@@ -1,11 +1,12 @@
 /* codes4_cpu.c: attention's two products on 4-bit codes, for the CPU, without ever writing a float row.
 
    A side (keys or values) of a coded span stores, per token t and channel c of a KV head,
-       x[t, c] = level[code(t, c)] * scale(t, c)        (+ an offset the caller adds: it touches queries only)
+       x[t, c] = level[code(t, c)] * scale(t, c) + offset(t, c)     (the offset optional)
    with code(t, c) the nibble c of the token's D/2 bytes (LSB first: byte i holds channels 2i and 2i+1),
    level a table of 16 floats (the integers 0..15 for integer codes, a Lloyd-Max codebook otherwise) and
    scale(t, c) a float16 either per channel over `group` tokens (scale[t / group, c]) or per token over
-   `group` channels (scale[t, c / group]). Two products read it:
+   `group` channels (scale[t, c / group]); an offset (integer codes' zero) is a float16 laid out as the
+   scale. Two products read it:
 
        codes4_scores    out[b, h, r, t] = sum_c q[b, h, r, c] * x[t, c]      (R query rows against n tokens)
        codes4_weighted  out[b, h, r, c] = sum_t w[b, h, r, t] * x[t, c]      (R weight rows over n tokens)
@@ -16,7 +17,9 @@
    registers a 16-channel chunk is its 8 even channels, then its 8 odd ones (the low and high nibbles of 8
    bytes): the queries and the output are put in that "lane order" once per call. The scores keep a
    token's sums in a vector until TOKEN_BLOCK tokens are done, then reduce them together; per-channel
-   scales are folded into the queries once per group. Without AVX2, FMA and F16C (or built with
+   scales are folded into the queries once per group. The offsets are added after the main loops, once per
+   group (per channel: q . offset, the weights summed times the offset) or per token (per token: the sum of
+   q over a group times its offset), so they cost a pass over scores and weights, never over channels. Without AVX2, FMA and F16C (or built with
    -DCODES4_PORTABLE) the same sums run as plain C loops. Single-threaded; kernels/codes4_cpu.py checks shapes, dtypes and strides before calling.
 */
 #include <stdint.h>
@@ -36,6 +39,7 @@
 typedef struct {
     const uint8_t *codes;   /* (B, H, n, D/2) */
     const uint16_t *scale;  /* float16 bits: (B, H, ceil(n/group), D) per channel, (B, H, n, D/group) per token */
+    const uint16_t *offset; /* float16 bits laid out as the scale, or NULL */
     const float *level;     /* (16,) */
     int64_t codes_b, codes_h, codes_t, scale_b, scale_h, scale_t;
     int64_t group, per_channel, integer_levels, dim;
@@ -86,6 +90,69 @@ INLINE int token_scales(const Side *s, const uint16_t *scale, int64_t t, int64_t
     const uint16_t *row = scale + t * s->scale_t;
     for (int64_t c = 0; c < s->dim / 16; c++) chunk_scale[c] = half_to_float(row[c * 16 / s->group]);
     return 0;
+}
+
+/* Scores += q . offset: per channel once per token group, per token from the sums of q over each group. */
+static void add_score_offsets(const Side *s, const uint16_t *oh, const float *qs, int64_t rows, int64_t tokens,
+                              float *out) {
+    int64_t dim = s->dim;
+    if (s->per_channel) {
+        for (int64_t g0 = 0; g0 < tokens; g0 += s->group) {
+            const uint16_t *row = oh + g0 / s->group * s->scale_t;
+            int64_t g1 = g0 + s->group < tokens ? g0 + s->group : tokens;
+            for (int64_t r = 0; r < rows; r++) {
+                float bias = 0.0f;
+                for (int64_t j = 0; j < dim; j++) bias += qs[r * dim + j] * half_to_float(row[lane_channel(j)]);
+                for (int64_t t = g0; t < g1; t++) out[r * tokens + t] += bias;
+            }
+        }
+        return;
+    }
+    int64_t groups = dim / s->group;
+    float qsum[MAX_ROWS * (MAX_DIM / 16)];
+    for (int64_t r = 0; r < rows; r++) /* the lanes of a group are its channels (whole 16-channel chunks) */
+        for (int64_t g = 0; g < groups; g++) {
+            float sum = 0.0f;
+            for (int64_t j = g * s->group; j < (g + 1) * s->group; j++) sum += qs[r * dim + j];
+            qsum[r * groups + g] = sum;
+        }
+    for (int64_t t = 0; t < tokens; t++) {
+        const uint16_t *row = oh + t * s->scale_t;
+        for (int64_t r = 0; r < rows; r++) {
+            float bias = 0.0f;
+            for (int64_t g = 0; g < groups; g++) bias += qsum[r * groups + g] * half_to_float(row[g]);
+            out[r * tokens + t] += bias;
+        }
+    }
+}
+
+/* acc (lane order) += w . offset: per channel the weights summed over each token group, per token over
+   each token's groups. */
+static void add_weighted_offsets(const Side *s, const uint16_t *oh, const float *wh, int64_t w_r, int64_t rows,
+                                 int64_t tokens, float *acc) {
+    int64_t dim = s->dim;
+    if (s->per_channel) {
+        for (int64_t g0 = 0; g0 < tokens; g0 += s->group) {
+            const uint16_t *row = oh + g0 / s->group * s->scale_t;
+            int64_t g1 = g0 + s->group < tokens ? g0 + s->group : tokens;
+            for (int64_t r = 0; r < rows; r++) {
+                float wsum = 0.0f;
+                for (int64_t t = g0; t < g1; t++) wsum += wh[r * w_r + t];
+                for (int64_t j = 0; j < dim; j++) acc[r * dim + j] += wsum * half_to_float(row[lane_channel(j)]);
+            }
+        }
+        return;
+    }
+    int64_t groups = dim / s->group;
+    for (int64_t r = 0; r < rows; r++) {
+        float z[MAX_DIM / 16] = {0};
+        for (int64_t t = 0; t < tokens; t++) {
+            const uint16_t *row = oh + t * s->scale_t;
+            float wt = wh[r * w_r + t];
+            for (int64_t g = 0; g < groups; g++) z[g] += wt * half_to_float(row[g]);
+        }
+        for (int64_t j = 0; j < dim; j++) acc[r * dim + j] += z[j / s->group];
+    }
 }
 
 /* ---------------------------------------------------------------- portable C */
@@ -285,6 +352,7 @@ typedef struct {
     int64_t rows_b, rows_h, rows_r;
     const uint8_t *codes;   /* (B, H, n, D/2) */
     const uint16_t *scale;  /* float16 bits (Side) */
+    const uint16_t *offset; /* float16 bits laid out as the scale, or NULL */
     const float *level;     /* (16,) */
     int64_t codes_b, codes_h, codes_t, scale_b, scale_h, scale_t;
     int64_t group, per_channel, integer_levels;
@@ -297,7 +365,7 @@ static int refused(const Codes4Call *c) {
 }
 
 static Side side_of(const Codes4Call *c) {
-    Side s = {c->codes, c->scale, c->level, c->codes_b, c->codes_h, c->codes_t, c->scale_b, c->scale_h, c->scale_t,
+    Side s = {c->codes, c->scale, c->offset, c->level, c->codes_b, c->codes_h, c->codes_t, c->scale_b, c->scale_h, c->scale_t,
               c->group, c->per_channel, c->integer_levels, c->dim};
     return s;
 }
@@ -320,6 +388,7 @@ int codes4_scores(const Codes4Call *c) {
 #else
             scores_portable(&s, ch, sh, qs, rows, c->tokens, oh);
 #endif
+            if (c->offset) add_score_offsets(&s, c->offset + b * c->scale_b + h * c->scale_h, qs, rows, c->tokens, oh);
         }
     return 0;
 }
@@ -340,6 +409,9 @@ int codes4_weighted(const Codes4Call *c) {
 #else
             weighted_portable(&s, ch, sh, wh, c->rows_r, rows, c->tokens, acc);
 #endif
+            if (c->offset)
+                add_weighted_offsets(&s, c->offset + b * c->scale_b + h * c->scale_h, wh, c->rows_r, rows, c->tokens,
+                                     acc);
             float *oh = c->out + (b * c->heads + h) * rows * dim;
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t j = 0; j < dim; j++) oh[r * dim + lane_channel(j)] = acc[r * dim + j];

@@ -1,8 +1,8 @@
 """codes4_cpu: the compiled CPU kernel for attention on 4-bit codes (codes4_cpu.c), its launcher and checks.
 
     codes4_supported(spec, head_dim, rows)     # True when the kernel takes this side for `rows` query rows
-    scores = codes4_scores(q, codes, scale, spec)     # (B, H, R, n) float32; spec: the side's QuantRows
-    out = codes4_weighted(w, codes, scale, spec)      # (B, H, R, D) float32
+    scores = codes4_scores(q, codes, scale, spec, offset)   # (B, H, R, n) float32; spec: the side's QuantRows
+    out = codes4_weighted(w, codes, scale, spec, offset)    # (B, H, R, D) float32; offset: None or as the scale
     codes4_status()                            # "compiled (AVX2)", or why the torch path runs instead
 
 The torch reference is decode_attention_torch's row path (rows() then a matmul): the same numbers
@@ -47,9 +47,9 @@ class _Call(ctypes.Structure):
     """Codes4Call in codes4_cpu.c: one call's tensors (data pointers), strides (elements) and sizes."""
 
     _fields_ = [
-        (name, ctypes.c_void_p if name in ("rows", "codes", "scale", "level", "out") else ctypes.c_int64)
+        (name, ctypes.c_void_p if name in ("rows", "codes", "scale", "offset", "level", "out") else ctypes.c_int64)
         for name in (
-            "rows", "rows_b", "rows_h", "rows_r", "codes", "scale", "level",
+            "rows", "rows_b", "rows_h", "rows_r", "codes", "scale", "offset", "level",
             "codes_b", "codes_h", "codes_t", "scale_b", "scale_h", "scale_t",
             "group", "per_channel", "integer_levels", "out", "batch", "heads", "nrows", "tokens", "dim",
         )
@@ -131,31 +131,38 @@ def codes4_supported(spec: QuantRows | None, head_dim: int, rows: int) -> bool:
     return _library()[0] is not None
 
 
-def _checked(codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows):
+def _checked(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, spec: QuantRows):
     b, h, n, half = codes.shape
     d, group = 2 * half, spec.group
     want = (b, h, -(-n // group), d) if spec.per_channel else (b, h, n, d // group)
-    if spec.bits != 4 or codes.dtype != torch.uint8 or scale.dtype != torch.float16 or tuple(scale.shape) != want:
-        raise ValueError(f"codes4: {spec.bits}-bit codes {tuple(codes.shape)} {codes.dtype} with scale "
-                         f"{tuple(scale.shape)} {scale.dtype}: expected 4-bit uint8 codes and float16 scale {want}")
+    stats = [scale] if offset is None else [scale, offset]
+    if spec.bits != 4 or codes.dtype != torch.uint8 or any(
+            t.dtype != torch.float16 or tuple(t.shape) != want for t in stats):
+        got = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in stats)
+        raise ValueError(f"codes4: {spec.bits}-bit codes {tuple(codes.shape)} {codes.dtype} with scale (and offset) "
+                         f"{got}: expected 4-bit uint8 codes and float16 scale (and offset) {want}")
     if codes.device.type != "cpu":
         raise ValueError(f"codes4: CPU tensors expected, not {codes.device}")
     codes = codes if codes.stride(-1) == 1 else codes.contiguous()
+    if offset is not None and (offset.stride() != scale.stride()):
+        offset, scale = offset.contiguous(), scale.contiguous()
     scale = scale if scale.stride(-1) == 1 else scale.contiguous()
-    return codes, scale, (b, h, n, d)
+    return codes, scale, offset, (b, h, n, d)
 
 
-def _call(name: str, rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows, last: str):
+def _call(name: str, rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
+          spec: QuantRows, last: str):
     lib = _library()[0]
     if lib is None:
         raise RuntimeError(f"codes4: the kernel is not built here: {codes4_status()}")
-    codes, scale, (b, h, n, d) = _checked(codes, scale, spec)
+    codes, scale, offset, (b, h, n, d) = _checked(codes, scale, offset, spec)
     if rows_in.dtype != torch.float32 or rows_in.stride(-1) != 1:
         rows_in = rows_in.float().contiguous()
     r = rows_in.shape[2]
     out = torch.empty(b, h, r, n if last == "tokens" else d, dtype=torch.float32)
     call = _Call(
-        rows_in.data_ptr(), *rows_in.stride()[:3], codes.data_ptr(), scale.data_ptr(), levels(spec, "cpu").data_ptr(),
+        rows_in.data_ptr(), *rows_in.stride()[:3], codes.data_ptr(), scale.data_ptr(),
+        None if offset is None else offset.data_ptr(), levels(spec, "cpu").data_ptr(),
         *codes.stride()[:3], *scale.stride()[:3], spec.group, spec.per_channel, spec.levels is None,
         out.data_ptr(), b, h, r, n, d,
     )
@@ -165,11 +172,13 @@ def _call(name: str, rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Te
     return out
 
 
-def codes4_scores(q: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows) -> torch.Tensor:
-    """q (B, H, R, D) . level[code] * scale of every token: (B, H, R, n) float32 (module docstring)."""
-    return _call("codes4_scores", q, codes, scale, spec, "tokens")
+def codes4_scores(q: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows,
+                  offset: torch.Tensor | None = None) -> torch.Tensor:
+    """q (B, H, R, D) . (level[code] * scale + offset) of every token: (B, H, R, n) float32 (module docstring)."""
+    return _call("codes4_scores", q, codes, scale, offset, spec, "tokens")
 
 
-def codes4_weighted(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows) -> torch.Tensor:
-    """w (B, H, R, n) @ (level[code] * scale): (B, H, R, D) float32 (module docstring)."""
-    return _call("codes4_weighted", w, codes, scale, spec, "channels")
+def codes4_weighted(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows,
+                    offset: torch.Tensor | None = None) -> torch.Tensor:
+    """w (B, H, R, n) @ (level[code] * scale + offset): (B, H, R, D) float32 (module docstring)."""
+    return _call("codes4_weighted", w, codes, scale, offset, spec, "channels")

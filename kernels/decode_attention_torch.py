@@ -170,26 +170,30 @@ class _Side:
         """float32 rows a piece materializes per token (none on the compiled path)."""
         return 0.0 if self.compiled else self.layout.k / self.layout.block
 
-    def _codes(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codes and float16 scales of tokens [start, stop) (start a multiple of a per-channel group)."""
-        spec = self.spec
-        if spec.per_channel:
-            return self.data[:, :, start:stop], self.scale[:, :, start // spec.group : -(-stop // spec.group)]
-        return self.data[:, :, start:stop], self.scale[:, :, start:stop]
+    def _codes(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Codes, float16 scales and offsets (or None) of tokens [start, stop) (start a multiple of a per-channel group)."""
+        group = self.spec.group
+        span = slice(start // group, -(-stop // group)) if self.spec.per_channel else slice(start, stop)
+        offset = None if self.offset is None else self.offset[:, :, span]
+        return self.data[:, :, start:stop], self.scale[:, :, span], offset
 
     def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        """q (B, H, NQ, D) . the rows of tokens [start, stop) without their offsets: (B, H, NQ, n)."""
+        """q (B, H, NQ, D) . the rows of tokens [start, stop): (B, H, NQ, n)."""
         if self.compiled:
-            codes, scale = self._codes(start, stop)
-            return codes4_scores(q, codes, scale, self.spec)
-        return q @ self.rows(start, stop).transpose(2, 3)
+            codes, scale, offset = self._codes(start, stop)
+            return codes4_scores(q, codes, scale, self.spec, offset)
+        row_scores = q @ self.rows(start, stop).transpose(2, 3)
+        self.add_score_offsets(row_scores, q, start, stop)
+        return row_scores
 
     def weighted(self, row_weights: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        """row_weights (B, H, NQ, n) @ the rows of tokens [start, stop) without their offsets: (B, H, NQ, D)."""
+        """row_weights (B, H, NQ, n) @ the rows of tokens [start, stop): (B, H, NQ, D)."""
         if self.compiled:
-            codes, scale = self._codes(start, stop)
-            return codes4_weighted(row_weights, codes, scale, self.spec)
-        return row_weights @ self.rows(start, stop)
+            codes, scale, offset = self._codes(start, stop)
+            return codes4_weighted(row_weights, codes, scale, self.spec, offset)
+        out = row_weights @ self.rows(start, stop)
+        self.add_output_offsets(out, row_weights, start, stop)
+        return out
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows of tokens [start, stop) (whole units), scaled but without their offsets: (B, H, n_rows, D) float32."""
@@ -350,15 +354,11 @@ class _CodedPiece:
         self.tokens = stop - start
 
     def scores(self, q: torch.Tensor) -> torch.Tensor:
-        row_scores = self.keys.scores(self.q, self.start, self.stop)
-        self.keys.add_score_offsets(row_scores, self.q, self.start, self.stop)
-        return self.keys.to_tokens(row_scores)
+        return self.keys.to_tokens(self.keys.scores(self.q, self.start, self.stop))
 
     def weighted(self, weights: torch.Tensor) -> torch.Tensor:
         row_weights = self.values.to_rows(weights)
-        out = self.values.weighted(row_weights, self.start, self.stop)
-        self.values.add_output_offsets(out, row_weights, self.start, self.stop)
-        return self.values.output(out)
+        return self.values.output(self.values.weighted(row_weights, self.start, self.stop))
 
 
 def _pieces(segments: list[Segment], q: torch.Tensor, max_tokens: int, head_dims: tuple[int, int]):

@@ -46,21 +46,17 @@ def kernel(request, monkeypatch):
 
 
 def _stored(codec, shape, seed=0):
-    """(codes, scale, reference rows) of `shape`'s n tokens: a per-channel codec encodes whole groups and
-    the first n tokens are sliced from them (a partial last group); the rows leave out the offset, which
-    the kernel leaves to its caller."""
+    """(codes, scale, offset or None, reference rows) of `shape`'s n tokens: a per-channel codec encodes
+    whole groups and the first n tokens are sliced from them (a partial last group)."""
     torch.manual_seed(seed)
     b, h, _, n, d = shape
     layout = layout_of(codec)
     spec = layout.quant
     whole = -(-n // codec.block_tokens) * codec.block_tokens
-    enc = codec.encode(torch.randn(b, h, whole, d) * torch.linspace(0.2, 3.0, d))
-    x = rows(layout, enc, 0, whole)
-    if spec.offset:
-        zero = enc.data[spec.offset].float()
-        x = x - (zero.repeat_interleave(spec.group, 2) if spec.per_channel else zero.repeat_interleave(spec.group, -1))
-    scale = enc.data["scale"][:, :, : -(-n // spec.group)] if spec.per_channel else enc.data["scale"][:, :, :n]
-    return enc.data["codes"][:, :, :n], scale, x[:, :, :n]
+    enc = codec.encode(torch.randn(b, h, whole, d) * torch.linspace(0.2, 3.0, d) + torch.linspace(-1.0, 2.0, d))
+    span = slice(0, -(-n // spec.group)) if spec.per_channel else slice(0, n)
+    offset = enc.data[spec.offset][:, :, span] if spec.offset else None
+    return enc.data["codes"][:, :, :n], enc.data["scale"][:, :, span], offset, rows(layout, enc, 0, whole)[:, :, :n]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -68,13 +64,13 @@ def _stored(codec, shape, seed=0):
 def test_products_on_the_codes_match_the_decoded_rows(kernel, side, shape):
     codec = SIDES[side]
     b, h, r, n, d = shape
-    codes, scale, x = _stored(codec, shape)
+    codes, scale, offset, x = _stored(codec, shape)
     spec = layout_of(codec).quant
     q, w = torch.randn(b, h, r, d), torch.rand(b, h, r, n)
-    got = codes4_scores(q, codes, scale, spec)
+    got = codes4_scores(q, codes, scale, spec, offset)
     torch.testing.assert_close(got, q @ x.transpose(2, 3), atol=2e-4 * d**0.5, rtol=1e-4,
                                msg=f"{kernel} build: scores of {side} {shape}")
-    got = codes4_weighted(w, codes, scale, spec)
+    got = codes4_weighted(w, codes, scale, spec, offset)
     torch.testing.assert_close(got, w @ x, atol=2e-4 * n**0.5, rtol=1e-4,
                                msg=f"{kernel} build: weighted sum of {side} {shape}")
 
@@ -82,14 +78,15 @@ def test_products_on_the_codes_match_the_decoded_rows(kernel, side, shape):
 def test_strided_slices_of_a_larger_archive(kernel):
     """A piece of a capacity-doubled archive: codes and scales sliced along the sequence, weights a column slice."""
     codec = SIDES["integer codes per channel (turbo-4 keys)"]
-    codes, scale, x = _stored(codec, (1, 3, 3, 256, 64))
+    codes, scale, offset, x = _stored(codec, (1, 3, 3, 256, 64))
     spec = layout_of(codec).quant
-    codes, scale = codes[:, :, 64:160], scale[:, :, 2:5]
+    codes, scale, offset = codes[:, :, 64:160], scale[:, :, 2:5], offset[:, :, 2:5]
     q = torch.randn(1, 3, 8, 64)[:, :, ::2]  # a row stride of 2 rows
     w = torch.rand(1, 3, 3, 300)[..., 10:106]
-    torch.testing.assert_close(codes4_scores(q, codes, scale, spec), q @ x[:, :, 64:160].transpose(2, 3),
+    torch.testing.assert_close(codes4_scores(q, codes, scale, spec, offset), q @ x[:, :, 64:160].transpose(2, 3),
                                atol=1e-3, rtol=1e-4)
-    torch.testing.assert_close(codes4_weighted(w, codes, scale, spec), w @ x[:, :, 64:160], atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(codes4_weighted(w, codes, scale, spec, offset), w @ x[:, :, 64:160],
+                               atol=1e-3, rtol=1e-4)
 
 
 @pytest.mark.parametrize("tier", ["turbo-4", "rotated-4"])
@@ -148,5 +145,7 @@ def test_wrong_tensors_are_refused(kernel):
         codes4_scores(torch.zeros(1, 1, 1, 64), codes, scale.float(), spec)
     with pytest.raises(ValueError, match="expected 4-bit uint8 codes and float16 scale"):
         codes4_scores(torch.zeros(1, 1, 1, 64), codes, scale[:, :, :3], spec)
+    with pytest.raises(ValueError, match="expected 4-bit uint8 codes and float16 scale"):
+        codes4_scores(torch.zeros(1, 1, 1, 64), codes, scale, spec, offset=scale[:, :, :3])
     with pytest.raises(ValueError, match="refused head_dim"):
         codes4_scores(torch.zeros(1, 1, codes4_cpu.MAX_ROWS + 1, 64), codes, scale, spec)
