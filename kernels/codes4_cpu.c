@@ -23,6 +23,7 @@
    -DCODES4_PORTABLE) the same sums run as plain C loops. Single-threaded; kernels/codes4_cpu.py checks shapes, dtypes and strides before calling.
 */
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(CODES4_PORTABLE)
 #include <immintrin.h>
@@ -94,7 +95,7 @@ INLINE int token_scales(const Side *s, const uint16_t *scale, int64_t t, int64_t
 
 /* Scores += q . offset: per channel once per token group, per token from the sums of q over each group. */
 static void add_score_offsets(const Side *s, const uint16_t *oh, const float *qs, int64_t rows, int64_t tokens,
-                              float *out) {
+                              float *out, int64_t stride) {
     int64_t dim = s->dim;
     if (s->per_channel) {
         for (int64_t g0 = 0; g0 < tokens; g0 += s->group) {
@@ -103,7 +104,7 @@ static void add_score_offsets(const Side *s, const uint16_t *oh, const float *qs
             for (int64_t r = 0; r < rows; r++) {
                 float bias = 0.0f;
                 for (int64_t j = 0; j < dim; j++) bias += qs[r * dim + j] * half_to_float(row[lane_channel(j)]);
-                for (int64_t t = g0; t < g1; t++) out[r * tokens + t] += bias;
+                for (int64_t t = g0; t < g1; t++) out[r * stride + t] += bias;
             }
         }
         return;
@@ -121,7 +122,7 @@ static void add_score_offsets(const Side *s, const uint16_t *oh, const float *qs
         for (int64_t r = 0; r < rows; r++) {
             float bias = 0.0f;
             for (int64_t g = 0; g < groups; g++) bias += qsum[r * groups + g] * half_to_float(row[g]);
-            out[r * tokens + t] += bias;
+            out[r * stride + t] += bias;
         }
     }
 }
@@ -169,7 +170,7 @@ static void token_values(const Side *s, const uint8_t *codes, const float *lanes
 }
 
 static void scores_portable(const Side *s, const uint8_t *ch, const uint16_t *sh, const float *qs, int64_t rows,
-                            int64_t tokens, float *out) {
+                            int64_t tokens, float *out, int64_t stride) {
     float lanes[MAX_DIM], chunk_scale[MAX_DIM / 16], x[MAX_DIM];
     int64_t next = 0;
     for (int64_t t = 0; t < tokens; t++) {
@@ -178,7 +179,7 @@ static void scores_portable(const Side *s, const uint8_t *ch, const uint16_t *sh
         for (int64_t r = 0; r < rows; r++) {
             float acc = 0.0f;
             for (int64_t j = 0; j < s->dim; j++) acc += qs[r * s->dim + j] * x[j];
-            out[r * tokens + t] = acc;
+            out[r * stride + t] = acc;
         }
     }
 }
@@ -234,7 +235,7 @@ INLINE float sum1(__m256 v) {
 
 /* Scores of `nr` (<= ROW_BLOCK) rows qs (lane order; per channel already scaled) for every token into out. */
 INLINE void scores_block(const Side *s, const uint8_t *ch, const uint16_t *sh, const float *qs, float *qsc,
-                         const int nr, int64_t tokens, float *out) {
+                         const int nr, int64_t tokens, float *out, int64_t stride) {
     const __m256 lo_levels = _mm256_loadu_ps(s->level), hi_levels = _mm256_loadu_ps(s->level + 8);
     float lanes[MAX_DIM], chunk_scale[MAX_DIM / 16];
     __m256 sums[ROW_BLOCK][TOKEN_BLOCK];
@@ -263,24 +264,24 @@ INLINE void scores_block(const Side *s, const uint8_t *ch, const uint16_t *sh, c
         int64_t slot = t % TOKEN_BLOCK;
         for (int r = 0; r < nr; r++) sums[r][slot] = acc[r];
         if (slot == TOKEN_BLOCK - 1) {
-            for (int r = 0; r < nr; r++) _mm256_storeu_ps(out + r * tokens + t - slot, sum8(sums[r]));
+            for (int r = 0; r < nr; r++) _mm256_storeu_ps(out + r * stride + t - slot, sum8(sums[r]));
         }
     }
     for (int64_t t = tokens / TOKEN_BLOCK * TOKEN_BLOCK; t < tokens; t++) /* the last, partial block */
-        for (int r = 0; r < nr; r++) out[r * tokens + t] = sum1(sums[r][t % TOKEN_BLOCK]);
+        for (int r = 0; r < nr; r++) out[r * stride + t] = sum1(sums[r][t % TOKEN_BLOCK]);
 }
 
 static void scores_avx2(const Side *s, const uint8_t *ch, const uint16_t *sh, const float *qs, int64_t rows,
-                        int64_t tokens, float *out) {
+                        int64_t tokens, float *out, int64_t stride) {
     float qsc[ROW_BLOCK * MAX_DIM];
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
         const float *q = qs + r0 * s->dim;
-        float *o = out + r0 * tokens;
+        float *o = out + r0 * stride;
         switch (rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK) { /* a constant row count per copy */
-        case 1: scores_block(s, ch, sh, q, qsc, 1, tokens, o); break;
-        case 2: scores_block(s, ch, sh, q, qsc, 2, tokens, o); break;
-        case 3: scores_block(s, ch, sh, q, qsc, 3, tokens, o); break;
-        default: scores_block(s, ch, sh, q, qsc, 4, tokens, o); break;
+        case 1: scores_block(s, ch, sh, q, qsc, 1, tokens, o, stride); break;
+        case 2: scores_block(s, ch, sh, q, qsc, 2, tokens, o, stride); break;
+        case 3: scores_block(s, ch, sh, q, qsc, 3, tokens, o, stride); break;
+        default: scores_block(s, ch, sh, q, qsc, 4, tokens, o, stride); break;
         }
     }
 }
@@ -384,11 +385,12 @@ int codes4_scores(const Codes4Call *c) {
             const uint16_t *sh = c->scale + b * c->scale_b + h * c->scale_h;
             float *oh = c->out + (b * c->heads + h) * rows * c->tokens;
 #ifdef CODES4_AVX2
-            scores_avx2(&s, ch, sh, qs, rows, c->tokens, oh);
+            scores_avx2(&s, ch, sh, qs, rows, c->tokens, oh, c->tokens);
 #else
-            scores_portable(&s, ch, sh, qs, rows, c->tokens, oh);
+            scores_portable(&s, ch, sh, qs, rows, c->tokens, oh, c->tokens);
 #endif
-            if (c->offset) add_score_offsets(&s, c->offset + b * c->scale_b + h * c->scale_h, qs, rows, c->tokens, oh);
+            if (c->offset)
+                add_score_offsets(&s, c->offset + b * c->scale_b + h * c->scale_h, qs, rows, c->tokens, oh, c->tokens);
         }
     return 0;
 }
@@ -415,6 +417,129 @@ int codes4_weighted(const Codes4Call *c) {
             float *oh = c->out + (b * c->heads + h) * rows * dim;
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t j = 0; j < dim; j++) oh[r * dim + lane_channel(j)] = acc[r * dim + j];
+        }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- a whole decode step */
+
+/* row[t] = exp(row[t] - max(row)) for t < n; returns their sum (an unnormalized softmax). */
+static float softmax_row(float *row, int64_t n) {
+    float peak = row[0], sum = 0.0f;
+    for (int64_t t = 1; t < n; t++) peak = row[t] > peak ? row[t] : peak;
+    int64_t t = 0;
+#ifdef CODES4_AVX2
+    /* exp(x), x <= 0, as 2^k * p(r) with x = k ln 2 + r (the Cephes single-precision polynomial) */
+    const __m256 lo = _mm256_set1_ps(-87.0f), log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+    __m256 peaks = _mm256_set1_ps(peak), sums = _mm256_setzero_ps();
+    for (; t + 8 <= n; t += 8) {
+        __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(row + t), peaks), lo);
+        __m256 k = _mm256_floor_ps(_mm256_fmadd_ps(x, log2e, _mm256_set1_ps(0.5f)));
+        x = _mm256_fnmadd_ps(k, c2, _mm256_fnmadd_ps(k, c1, x));
+        __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+        y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+        __m256i two_k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127)), 23);
+        y = _mm256_mul_ps(y, _mm256_castsi256_ps(two_k));
+        _mm256_storeu_ps(row + t, y);
+        sums = _mm256_add_ps(sums, y);
+    }
+    sum = sum1(sums);
+#endif
+    for (; t < n; t++) {
+        row[t] = expf(row[t] - peak);
+        sum += row[t];
+    }
+    return sum;
+}
+
+#define MAX_RAW 4 /* raw spans (sinks, the raw tail, new tokens) beside the coded one */
+
+/* A decode step's attention: R query rows per KV head on one coded span and up to MAX_RAW raw spans, no mask
+   (softmax does not depend on the order of the spans). `keys.rows` are the queries in the keys' domain,
+   pre-scaled; `raw_q` the same queries in the tokens' domain (the raw keys'); `values.rows` is unused. */
+typedef struct {
+    Codes4Call keys, values;     /* codes, scales, offsets, levels and sizes of each side; keys.out unused */
+    const float *raw_q;          /* (B, H, R, D), strides as keys.rows */
+    const float *out_map;        /* (D, D): value rows (lane order undone) -> the tokens' channels, or NULL */
+    int64_t n_raw;
+    const float *raw_k[MAX_RAW]; /* (B, H, n, D) float32, last dimension contiguous */
+    const float *raw_v[MAX_RAW];
+    int64_t raw_tokens[MAX_RAW], raw_b[MAX_RAW], raw_h[MAX_RAW], raw_t[MAX_RAW]; /* strides, keys and values alike */
+    float *scores;               /* scratch: R * (coded + raw tokens) floats */
+    float *out;                  /* (B, H, R, D) contiguous */
+} Codes4Decode;
+
+int codes4_decode(const Codes4Decode *c) {
+    const Codes4Call *k = &c->keys, *v = &c->values;
+    if (refused(k) || refused(v) || k->dim != v->dim || k->tokens != v->tokens || c->n_raw > MAX_RAW) return 1;
+    Side ks = side_of(k), vs = side_of(v);
+    int64_t rows = k->nrows, dim = k->dim, coded = k->tokens, total = coded;
+    for (int64_t i = 0; i < c->n_raw; i++) total += c->raw_tokens[i];
+    float qs[MAX_ROWS * MAX_DIM], acc[MAX_ROWS * MAX_DIM], rowsum[MAX_ROWS];
+    float *sc = c->scores;
+    for (int64_t b = 0; b < k->batch; b++)
+        for (int64_t h = 0; h < k->heads; h++) {
+            const float *qh = k->rows + b * k->rows_b + h * k->rows_h;
+            const float *rq = c->raw_q + b * k->rows_b + h * k->rows_h;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t j = 0; j < dim; j++) qs[r * dim + j] = qh[r * k->rows_r + lane_channel(j)];
+            /* scores: the coded span, then each raw span */
+            const uint8_t *kc = k->codes + b * k->codes_b + h * k->codes_h;
+            const uint16_t *kscale = k->scale + b * k->scale_b + h * k->scale_h;
+#ifdef CODES4_AVX2
+            scores_avx2(&ks, kc, kscale, qs, rows, coded, sc, total);
+#else
+            scores_portable(&ks, kc, kscale, qs, rows, coded, sc, total);
+#endif
+            if (k->offset) add_score_offsets(&ks, k->offset + b * k->scale_b + h * k->scale_h, qs, rows, coded, sc, total);
+            for (int64_t i = 0, at = coded; i < c->n_raw; at += c->raw_tokens[i], i++) {
+                const float *kr = c->raw_k[i] + b * c->raw_b[i] + h * c->raw_h[i];
+                for (int64_t t = 0; t < c->raw_tokens[i]; t++)
+                    for (int64_t r = 0; r < rows; r++) {
+                        float dot = 0.0f;
+                        for (int64_t j = 0; j < dim; j++) dot += rq[r * k->rows_r + j] * kr[t * c->raw_t[i] + j];
+                        sc[r * total + at + t] = dot;
+                    }
+            }
+            for (int64_t r = 0; r < rows; r++) rowsum[r] = softmax_row(sc + r * total, total);
+            /* the weighted values: the coded span in its rows' domain, back to the tokens' channels, then raw */
+            const uint8_t *vc = v->codes + b * v->codes_b + h * v->codes_h;
+            const uint16_t *vscale = v->scale + b * v->scale_b + h * v->scale_h;
+            memset(acc, 0, sizeof(float) * rows * dim);
+#ifdef CODES4_AVX2
+            weighted_avx2(&vs, vc, vscale, sc, total, rows, coded, acc);
+#else
+            weighted_portable(&vs, vc, vscale, sc, total, rows, coded, acc);
+#endif
+            if (v->offset) add_weighted_offsets(&vs, v->offset + b * v->scale_b + h * v->scale_h, sc, total, rows, coded, acc);
+            float *oh = c->out + (b * k->heads + h) * rows * dim;
+            for (int64_t r = 0; r < rows; r++) {
+                float *o = oh + r * dim, *a = acc + r * dim;
+                if (c->out_map) { /* o = a (channel order) @ out_map */
+                    for (int64_t j = 0; j < dim; j++) o[j] = 0.0f;
+                    for (int64_t l = 0; l < dim; l++) {
+                        float x = a[l];
+                        const float *m = c->out_map + lane_channel(l) * dim;
+                        for (int64_t j = 0; j < dim; j++) o[j] += x * m[j];
+                    }
+                } else {
+                    for (int64_t l = 0; l < dim; l++) o[lane_channel(l)] = a[l];
+                }
+                for (int64_t i = 0, at = coded; i < c->n_raw; at += c->raw_tokens[i], i++) {
+                    const float *vr = c->raw_v[i] + b * c->raw_b[i] + h * c->raw_h[i];
+                    for (int64_t t = 0; t < c->raw_tokens[i]; t++) {
+                        float p = sc[r * total + at + t];
+                        for (int64_t j = 0; j < dim; j++) o[j] += p * vr[t * c->raw_t[i] + j];
+                    }
+                }
+                for (int64_t j = 0; j < dim; j++) o[j] /= rowsum[r];
+            }
         }
     return 0;
 }

@@ -56,6 +56,21 @@ class _Call(ctypes.Structure):
     ]
 
 
+MAX_RAW = 4  # raw spans a whole decode step takes beside its coded one (codes4_decode)
+
+
+class _Decode(ctypes.Structure):
+    """Codes4Decode in codes4_cpu.c: a whole decode step (one coded span, up to MAX_RAW raw ones)."""
+
+    _fields_ = [
+        ("keys", _Call), ("values", _Call), ("raw_q", ctypes.c_void_p), ("out_map", ctypes.c_void_p),
+        ("n_raw", ctypes.c_int64), ("raw_k", ctypes.c_void_p * MAX_RAW), ("raw_v", ctypes.c_void_p * MAX_RAW),
+        ("raw_tokens", ctypes.c_int64 * MAX_RAW), ("raw_b", ctypes.c_int64 * MAX_RAW),
+        ("raw_h", ctypes.c_int64 * MAX_RAW), ("raw_t", ctypes.c_int64 * MAX_RAW),
+        ("scores", ctypes.c_void_p), ("out", ctypes.c_void_p),
+    ]
+
+
 def _cpu_flags() -> str:
     """The CPU's feature flags (Linux), else the machine name: part of the build's name."""
     try:
@@ -95,7 +110,7 @@ def build(flags: tuple[str, ...]) -> tuple[ctypes.CDLL | None, str]:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then moved in whole
             built = Path(tmp) / target.name
             try:
-                run = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built)],
+                run = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built), "-lm"],
                                      capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
             except (OSError, subprocess.TimeoutExpired) as err:
                 return None, f"torch (building {SOURCE.name} failed: {err})"
@@ -107,10 +122,10 @@ def build(flags: tuple[str, ...]) -> tuple[ctypes.CDLL | None, str]:
         lib = ctypes.CDLL(str(target))
     except OSError as err:
         return None, f"torch (loading {target.name} failed: {err})"
-    for name in ("codes4_scores", "codes4_weighted"):
+    for name, struct in (("codes4_scores", _Call), ("codes4_weighted", _Call), ("codes4_decode", _Decode)):
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.POINTER(_Call)]
+        fn.argtypes = [ctypes.POINTER(struct)]
     lib.codes4_vectorized.restype = ctypes.c_int
     kind = "AVX2" if lib.codes4_vectorized() else "portable C"
     return lib, f"compiled C ({kind}, {Path(compiler).name} {' '.join(f for f in flags if f.startswith('-march'))})"
@@ -150,25 +165,37 @@ def _checked(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | No
     return codes, scale, offset, (b, h, n, d)
 
 
-def _call(name: str, rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
-          spec: QuantRows, last: str):
-    lib = _library()[0]
-    if lib is None:
-        raise RuntimeError(f"codes4: the kernel is not built here: {codes4_status()}")
+def _side_call(rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
+               spec: QuantRows, out: torch.Tensor | None) -> tuple[_Call, tuple]:
+    """The _Call of one side, and the tensors it points into (kept alive by the caller until the call returns)."""
     codes, scale, offset, (b, h, n, d) = _checked(codes, scale, offset, spec)
     if rows_in.dtype != torch.float32 or rows_in.stride(-1) != 1:
         rows_in = rows_in.float().contiguous()
-    r = rows_in.shape[2]
-    out = torch.empty(b, h, r, n if last == "tokens" else d, dtype=torch.float32)
     call = _Call(
         rows_in.data_ptr(), *rows_in.stride()[:3], codes.data_ptr(), scale.data_ptr(),
         None if offset is None else offset.data_ptr(), levels(spec, "cpu").data_ptr(),
         *codes.stride()[:3], *scale.stride()[:3], spec.group, spec.per_channel, spec.levels is None,
-        out.data_ptr(), b, h, r, n, d,
+        None if out is None else out.data_ptr(), b, h, rows_in.shape[2], n, d,
     )
-    status = getattr(lib, name)(ctypes.byref(call))
-    if status != 0:
-        raise ValueError(f"codes4: {name} refused head_dim {d}, {r} rows, group {spec.group} (see codes4_supported)")
+    return call, (rows_in, codes, scale, offset)
+
+
+def _kernel() -> ctypes.CDLL:
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"codes4: the kernel is not built here: {codes4_status()}")
+    return lib
+
+
+def _call(name: str, rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
+          spec: QuantRows, last: str):
+    lib = _kernel()
+    b, h, n, half = codes.shape
+    out = torch.empty(b, h, rows_in.shape[2], n if last == "tokens" else 2 * half, dtype=torch.float32)
+    call, _alive = _side_call(rows_in, codes, scale, offset, spec, out)
+    if getattr(lib, name)(ctypes.byref(call)) != 0:
+        raise ValueError(f"codes4: {name} refused head_dim {2 * half}, {rows_in.shape[2]} rows, group {spec.group} "
+                         "(see codes4_supported)")
     return out
 
 
@@ -182,3 +209,40 @@ def codes4_weighted(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, s
                     offset: torch.Tensor | None = None) -> torch.Tensor:
     """w (B, H, R, n) @ (level[code] * scale + offset): (B, H, R, D) float32 (module docstring)."""
     return _call("codes4_weighted", w, codes, scale, offset, spec, "channels")
+
+
+def codes4_decode(q: torch.Tensor, q_raw: torch.Tensor, keys: tuple, values: tuple,
+                  raw: list[tuple[torch.Tensor, torch.Tensor]], out_map: torch.Tensor | None) -> torch.Tensor:
+    """A whole decode step's attention, no mask: softmax(q . [coded keys, raw keys]) @ [coded values, raw values].
+
+    q (B, H, R, D): the scaled queries in the keys' rows' domain; q_raw: the same in the tokens' domain.
+    keys, values: (codes, scale, offset or None, spec) of the coded span; raw: up to MAX_RAW (keys, values)
+    spans (B, H, n, D); out_map (D, D): value rows -> tokens' channels (a rotation's Q.T), or None.
+    Returns (B, H, R, D) float32.
+    """
+    lib = _kernel()
+    if len(raw) > MAX_RAW:
+        raise ValueError(f"codes4_decode: {len(raw)} raw spans (allowed: at most {MAX_RAW})")
+    q, q_raw = q.float().contiguous(), q_raw.float().contiguous()  # the two share their strides
+    b, h, r, d = q.shape
+    key_call, alive_k = _side_call(q, *keys, None)
+    value_call, alive_v = _side_call(q, *values, None)
+    spans = []
+    for k, v in raw:
+        k, v = k.float(), v.float()
+        if k.stride() != v.stride() or k.stride(-1) != 1:
+            k, v = k.contiguous(), v.contiguous()
+        spans.append((k, v))
+    coded = keys[0].shape[2]
+    total = coded + sum(k.shape[2] for k, _ in spans)
+    scores = torch.empty(r * total, dtype=torch.float32)
+    out = torch.empty(b, h, r, d, dtype=torch.float32)
+    out_map = None if out_map is None else out_map.float().contiguous()
+    call = _Decode(key_call, value_call, q_raw.data_ptr(), None if out_map is None else out_map.data_ptr(), len(spans))
+    for i, (k, v) in enumerate(spans):
+        call.raw_k[i], call.raw_v[i], call.raw_tokens[i] = k.data_ptr(), v.data_ptr(), k.shape[2]
+        call.raw_b[i], call.raw_h[i], call.raw_t[i] = k.stride(0), k.stride(1), k.stride(2)
+    call.scores, call.out = scores.data_ptr(), out.data_ptr()
+    if lib.codes4_decode(ctypes.byref(call)) != 0:
+        raise ValueError(f"codes4_decode refused head_dim {d}, {r} rows (see codes4_supported)")
+    return out

@@ -37,7 +37,7 @@ import torch
 
 from codeckv.codecs.layout import Codec, Encoded, RowLayout
 
-from .codes4_cpu import codes4_scores, codes4_supported, codes4_weighted
+from .codes4_cpu import MAX_RAW, codes4_decode, codes4_scores, codes4_supported, codes4_weighted
 from .decode_attention import Coded, Raw, Segment, _bias, _geometry
 from .layout import basis, layout_of, levels, rotation, tensors
 
@@ -171,11 +171,15 @@ class _Side:
         return 0.0 if self.compiled else self.layout.k / self.layout.block
 
     def _codes(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Codes, float16 scales and offsets (or None) of tokens [start, stop) (start a multiple of a per-channel group)."""
+        """Codes, float16 scales and offsets (or None) of tokens [start, stop) (start: a multiple of a group)."""
         group = self.spec.group
         span = slice(start // group, -(-stop // group)) if self.spec.per_channel else slice(start, stop)
         offset = None if self.offset is None else self.offset[:, :, span]
         return self.data[:, :, start:stop], self.scale[:, :, span], offset
+
+    def stored(self) -> tuple:
+        """(codes, scale, offset or None, spec) of every token, as codes4_decode takes them (compiled sides)."""
+        return (*self._codes(0, self.data.shape[2]), self.spec)
 
     def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """q (B, H, NQ, D) . the rows of tokens [start, stop): (B, H, NQ, n)."""
@@ -400,6 +404,25 @@ def _masks_any(mask: torch.Tensor, pos: int, n: int) -> bool:
     return not bool(part.all()) if part.dtype == torch.bool else bool((part != 0).any())
 
 
+def _whole_step(q: torch.Tensor, segments: list[Segment], mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The whole attention in one call of the compiled kernel (codes4_decode), where it applies: one coded span
+    whose both sides it reads, at most codes4_cpu.MAX_RAW raw spans, a mask that hides nothing, keys and
+    values of one head_dim. Else None (the pieces and passes below). q (B, Hkv, R, D) scaled."""
+    coded = [seg for seg in segments if isinstance(seg, Coded)]
+    if len(coded) != 1 or len(segments) - 1 > MAX_RAW or q.device.type != "cpu":
+        return None
+    if mask is not None and _masks_any(mask, 0, sum(seg.tokens for seg in segments)):
+        return None
+    seg = coded[0]
+    d = q.shape[-1]
+    keys = _Side(seg.key_codec, seg.keys, d, q.device, q.shape[2])
+    values = _Side(seg.value_codec, seg.values, d, q.device, q.shape[2])
+    if not (keys.compiled and values.compiled) or seg.values.shape[-1] != d:
+        return None
+    raw = [(s.keys, s.values) for s in segments if isinstance(s, Raw)]
+    return codes4_decode(keys.query(q), q, keys.stored(), values.stored(), raw, values.out_map)
+
+
 def decode_attention_torch(
     query: torch.Tensor, segments: list[Segment], scale: float | None = None, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -409,6 +432,9 @@ def decode_attention_torch(
     g = hq // hkv
     scale = d**-0.5 if scale is None else scale
     q = (query.float() * scale).reshape(b, hkv, g * t, d)  # query head = kv head * G + g: rows g-major, then t
+    whole = _whole_step(q, segments, mask)
+    if whole is not None:
+        return whole.reshape(b, hq, t, dv).to(query.dtype)
     max_tokens = max(1, SCORE_BYTES // (b * hkv * g * t * 4))
     out = total = peak = None
     pos = 0

@@ -14,7 +14,16 @@ from codeckv.codecs.lloyd_max import LloydMaxQuant
 from codeckv.codecs.quant import GroupQuant
 from codeckv.tiers import TIERS
 from kernels import codes4_cpu
-from kernels.codes4_cpu import FLAGS, build, codes4_scores, codes4_status, codes4_supported, codes4_weighted
+from kernels import decode_attention_torch as dat
+from kernels.codes4_cpu import (
+    FLAGS,
+    build,
+    codes4_decode,
+    codes4_scores,
+    codes4_status,
+    codes4_supported,
+    codes4_weighted,
+)
 from kernels.decode_attention import Coded, Raw, decode_attention_ref
 from kernels.decode_attention_torch import decode_attention_torch, decode_attention_torch_compiled
 from kernels.layout import layout_of, rows
@@ -107,6 +116,50 @@ def test_attention_with_the_kernel_matches_the_reference(kernel, tier):
             torch.testing.assert_close(decode_attention_torch(query, segments, mask=m),
                                        decode_attention_ref(query, segments, mask=m), atol=2e-5, rtol=1e-4,
                                        msg=f"{kernel} build, {tier}, T={t}, mask={m is not None}")
+
+
+@pytest.mark.parametrize("tier, rows, raw_spans, head_dim", [
+    ("turbo-4", 3, 2, 64), ("rotated-4", 1, 4, 64), ("turbo-4", 9, 0, 128), ("rotated-4", 64, 1, 32),
+])
+def test_a_whole_decode_step_matches_the_reference(kernel, tier, rows, raw_spans, head_dim):
+    """codes4_decode (scores, softmax and weighted values in one call) against decode_attention_ref."""
+    codecs = TIERS[tier]
+    torch.manual_seed(2)
+    k, v = torch.randn(2, 2, 96, head_dim), torch.randn(2, 2, 96, head_dim) + 0.5
+    coded = Coded(codecs.key, codecs.key.encode(k), codecs.value, codecs.value.encode(v))
+    raws = [Raw(torch.randn(2, 2, n, head_dim), torch.randn(2, 2, n, head_dim)) for n in (3, 1, 7, 2)[:raw_spans]]
+    segments = raws[:1] + [coded] + raws[1:]
+    query = torch.randn(2, 2 * rows, 1, head_dim)
+    want = decode_attention_ref(query, segments)
+    b, hkv, d = 2, 2, head_dim
+    q = (query * d**-0.5).reshape(b, hkv, rows, d)
+    got = dat._whole_step(q, segments, None)
+    assert got is not None, "one coded span both of whose sides the kernel reads: the whole step in one call"
+    torch.testing.assert_close(got.reshape(query.shape), want, atol=2e-5, rtol=1e-4, msg=f"{kernel} build")
+    hides_nothing = torch.ones(2, 1, 1, sum(s.tokens for s in segments), dtype=torch.bool)
+    torch.testing.assert_close(decode_attention_torch(query, segments, mask=hides_nothing), want, atol=2e-5,
+                               rtol=1e-4)
+
+
+def test_a_whole_step_falls_back_where_it_does_not_apply(kernel):
+    codecs = TIERS["turbo-4"]
+    k, v = torch.randn(1, 1, 64, 64), torch.randn(1, 1, 64, 64)
+    coded = Coded(codecs.key, codecs.key.encode(k), codecs.value, codecs.value.encode(v))
+    raw = Raw(torch.randn(1, 1, 2, 64), torch.randn(1, 1, 2, 64))
+    q = torch.randn(1, 1, 1, 64)
+    assert dat._whole_step(q, [coded] + [raw] * (codes4_cpu.MAX_RAW + 1), None) is None, "too many raw spans"
+    assert dat._whole_step(q, [coded, coded], None) is None, "two coded spans"
+    mask = torch.ones(1, 1, 1, 66, dtype=torch.bool)
+    mask[..., 0] = False
+    assert dat._whole_step(q, [coded, raw], mask) is None, "a mask that hides a token"
+    turbo3 = TIERS["turbo-3"]
+    coded3 = Coded(turbo3.key, turbo3.key.encode(k), turbo3.value, turbo3.value.encode(v))
+    assert dat._whole_step(q, [coded3, raw], None) is None, "3-bit codes"
+    query = torch.randn(1, 1, 1, 64)
+    torch.testing.assert_close(decode_attention_torch(query, [coded, raw], mask=mask),
+                               decode_attention_ref(query, [coded, raw], mask=mask), atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="at most 4"):
+        codes4_decode(q, q, (), (), [(raw.keys, raw.values)] * 5, None)
 
 
 def test_which_sides_it_takes():
