@@ -47,7 +47,9 @@ cache = make_cache(config, "turbo-4", materialization_free=True)
 coded = model.generate(ids, cache=cache, **run)
 assert coded.shape == native.shape and cache.footprint().archive_bytes > 0
 assert type(cache.layers[0]).__name__ == "CodedLayer" and "codeckv_kernels.decode_attention_torch" in sys.modules
-print("wheel ok", codeckv.__version__)
+from codeckv_kernels.codes4_cpu import SOURCE, codes4_status
+assert SOURCE.is_file() and SOURCE.parent.name == "codeckv_kernels", SOURCE  # the C source ships in the wheel
+print("wheel ok", codeckv.__version__, "|", codes4_status())
 """.replace("HUB_KERNELS", HUB_KERNELS)
 
 
@@ -70,7 +72,7 @@ def test_wheel_ships_the_packages_and_the_licence_only(wheel):
     packages = {str(Path(n).parent).replace("/", ".") for n in names if n.endswith("/__init__.py")}
     expected = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "codeckv").rglob("__init__.py")}
     assert packages == expected | {"codeckv_kernels"}, "every codeckv package, and kernels/ as codeckv_kernels"
-    assert {f"codeckv_kernels/{p.name}" for p in (ROOT / "kernels").glob("*.py")} <= set(names)
+    assert {f"codeckv_kernels/{p.name}" for p in (ROOT / "kernels").glob("*.[pc]*")} <= set(names)
     assert not [n for n in names if n.split("/")[0] in ("kernels", "assets", "tests", "app.py")]
     assert any(n.endswith("dist-info/licenses/LICENSE") for n in names)
     metadata = zipfile.ZipFile(wheel).read(f"codeckv-{codeckv.__version__}.dist-info/METADATA").decode()
@@ -88,6 +90,8 @@ def test_installed_wheel_generates_beside_the_hub_kernels_package(wheel, fresh_e
     done = subprocess.run([python, "-c", IN_THE_VENV], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"wheel ok {codeckv.__version__}" in done.stdout
+    if shutil.which(os.environ.get("CC", "cc")):
+        assert "| compiled C (" in done.stdout, "the installed wheel builds its CPU kernel from the shipped source"
 
     command = python.parent / "codeckv"
     version = subprocess.run([command, "--version"], cwd=tmp_path, env=env, capture_output=True, text=True)
