@@ -18,7 +18,7 @@ deltas, PCA's entropy-coded chunks: `view_reason`) keeps a decoded view instead;
 False` asks for the view on any tier (the opt-in), True insists on the codes. By default the cache also
 chooses by itself a decoded view for the decode steps of a short context (up to SHORT_VIEW_TOKENS tokens,
 where SDPA on it is faster than the torch path on the codes; dropped past it and at rest), except on the
-CPU for tiers whose codes the compiled kernel reads (4-bit codes: kernel_ops.attention_compiled), which
+CPU for tiers whose codes the compiled kernel reads (no DCT: kernel_ops.attention_compiled), which
 read their codes at every length; `attention` says which path the cache is on now (CODES, SHORT_VIEW or
 VIEW) and held_bytes counts the view.
 """

@@ -5,9 +5,9 @@ kernels.decode_attention on its segments (the stored codes, the raw tokens). Sho
 exception: a decode step on a layer holding at most SHORT_VIEW_TOKENS tokens reads a decoded view (built
 once, then kept as CodecLayer keeps its own), which SDPA reads faster than the torch path reads the codes
 there; past SHORT_VIEW_TOKENS, or at rest, the view goes. Not on the CPU where the compiled kernel reads
-both sides' codes (kernel_ops.attention_compiled: 4-bit codes, e.g. turbo-4): it is as fast there, so the
-codes are read at every length. Prefill chunks never build it, so a long prompt's peak
-stays the archive plus one chunk. held_bytes counts it.
+both sides' codes (kernel_ops.attention_compiled: the tiers without a DCT, e.g. turbo-4, int8): about as
+fast there, so the codes are read at every length. Prefill chunks never build it, so a long prompt's
+peak stays the archive plus one chunk. held_bytes counts it.
 """
 
 from __future__ import annotations

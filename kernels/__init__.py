@@ -12,7 +12,7 @@ The kernels read the row layout each codec declares (`codec.row_layout()`, kerne
 import no codec class. Every op dispatches on `tensor.is_cuda`: the Triton kernel on a GPU when the
 codec's layout allows it (and, for attention, when no mask is given), else torch: the codec's own
 encode / decode, and for attention decode_attention_torch (kernels/decode_attention_torch.py, the fast
-path the CPU uses, which hands 4-bit codes to a compiled C kernel, kernels/codes4_cpu.py, where a C
+path the CPU uses, which hands integer codes to a compiled C kernel, kernels/codes_cpu.py, where a C
 compiler is found) or, for a codec without a row layout, the reference; `backend_name(device, codec)`
 says which one a tensor gets, and why for the torch path.
 

@@ -16,8 +16,8 @@ rises to that), so that neither method pays a page fault per allocation; slow me
 repetitions (TIME_BUDGET_S). Methods:
 
     triton        the Triton kernel (GPU only; "n/a" on CPU)
-    torch         decode_attention only: decode_attention_torch, the fast path the CPU uses (4-bit codes on the
-                  compiled kernel, kernels/codes4_cpu.py, where it is built; the printout says whether)
+    torch         decode_attention only: decode_attention_torch, the fast path the CPU uses (codes without a DCT on the
+                  compiled kernel, kernels/codes_cpu.py, where it is built; the printout says whether)
     reference     the torch reference (decode_attention: chunked, in the coefficient / rotated domain)
     materialized  decode_attention only: decode K and V to (S, D), then SDPA
     native_sdpa   decode_attention only: SDPA on uncompressed K/V in the bench dtype (no codec)
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from codeckv.tiers import TIERS
 
 from . import Coded, Raw
-from .codes4_cpu import codes4_status
+from .codes_cpu import codes_status
 from .dct_decode import dct_decode_ref, dct_decode_triton
 from .dct_encode import dct_encode_ref, dct_encode_triton
 from .decode_attention import decode_attention_ref, decode_attention_triton
@@ -266,7 +266,7 @@ def _print_row(row: dict, first: bool) -> None:
         head += [f"{'arch MiB':>11}", f"{'tch/sdpa':>9}"]
         print(f"device {row['device']}, B={BATCH} KV heads={KV_HEADS} Q heads={Q_HEADS} head_dim={HEAD_DIM} "
               f"{row['dtype']}, threads {row['threads']}; median ms and peak extra MiB per call; "
-              f"4-bit codes on the CPU: {codes4_status()}")
+              f"codes on the CPU: {codes_status()}")
         print(" ".join(head))
     print(" ".join(cells), flush=True)
 

@@ -37,7 +37,7 @@ import torch
 
 from codeckv.codecs.layout import Codec, Encoded, RowLayout
 
-from .codes4_cpu import MAX_RAW, codes4_decode, codes4_scores, codes4_supported, codes4_weighted
+from .codes_cpu import MAX_RAW, codes_decode, codes_scores, codes_supported, codes_weighted
 from .decode_attention import Coded, Raw, Segment, _bias, _geometry
 from .layout import basis, layout_of, levels, rotation, tensors
 
@@ -55,7 +55,7 @@ def decode_attention_torch_supported(segments: list[Segment]) -> bool:
 
 
 def decode_attention_torch_compiled(segment: Coded, head_dim: int, query_rows: int = 1) -> tuple[bool, bool]:
-    """Whether the compiled CPU kernel (codes4_cpu) multiplies (keys, values) of `segment` on their codes."""
+    """Whether the compiled CPU kernel (codes_cpu) multiplies (keys, values) of `segment` on their codes."""
     device = next(iter(segment.keys.data.values())).device
     return tuple(
         _Side(codec, enc, head_dim, device, query_rows).compiled
@@ -129,7 +129,7 @@ _SCRATCH = _Scratch()
 
 class _Side:
     """One side (keys or values) of a coded segment, read as float32 rows a piece at a time, or, for 4-bit
-    codes on the CPU with few query rows, multiplied on its codes by the compiled kernel (codes4_cpu)."""
+    codes on the CPU with few query rows, multiplied on its codes by the compiled kernel (codes_cpu)."""
 
     def __init__(self, codec: Codec, enc: Encoded, head_dim: int, device: torch.device, query_rows: int) -> None:
         self.layout: RowLayout = _layout(codec)
@@ -143,7 +143,7 @@ class _Side:
         self.perm = None  # channel of each row column when planar, else None
         self.compiled = (  # the products run on the codes (rows() is never called); channels stay in order
             device.type == "cpu" and self.layout.block == 1 and self.layout.k == 1
-            and codes4_supported(spec, head_dim, query_rows) and self.scale is not None
+            and codes_supported(spec, head_dim, query_rows) and self.scale is not None
             and self.scale.dtype == torch.float16 and (not spec.per_channel or self.unit % spec.group == 0)
         )
         if not self.compiled and spec is not None and _planar(spec):
@@ -178,14 +178,14 @@ class _Side:
         return self.data[:, :, start:stop], self.scale[:, :, span], offset
 
     def stored(self) -> tuple:
-        """(codes, scale, offset or None, spec) of every token, as codes4_decode takes them (compiled sides)."""
+        """(codes, scale, offset or None, spec) of every token, as codes_decode takes them (compiled sides)."""
         return (*self._codes(0, self.data.shape[2]), self.spec)
 
     def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """q (B, H, NQ, D) . the rows of tokens [start, stop): (B, H, NQ, n)."""
         if self.compiled:
             codes, scale, offset = self._codes(start, stop)
-            return codes4_scores(q, codes, scale, self.spec, offset)
+            return codes_scores(q, codes, scale, self.spec, offset)
         row_scores = q @ self.rows(start, stop).transpose(2, 3)
         self.add_score_offsets(row_scores, q, start, stop)
         return row_scores
@@ -194,7 +194,7 @@ class _Side:
         """row_weights (B, H, NQ, n) @ the rows of tokens [start, stop): (B, H, NQ, D)."""
         if self.compiled:
             codes, scale, offset = self._codes(start, stop)
-            return codes4_weighted(row_weights, codes, scale, self.spec, offset)
+            return codes_weighted(row_weights, codes, scale, self.spec, offset)
         out = row_weights @ self.rows(start, stop)
         self.add_output_offsets(out, row_weights, start, stop)
         return out
@@ -405,8 +405,8 @@ def _masks_any(mask: torch.Tensor, pos: int, n: int) -> bool:
 
 
 def _whole_step(q: torch.Tensor, segments: list[Segment], mask: torch.Tensor | None) -> torch.Tensor | None:
-    """The whole attention in one call of the compiled kernel (codes4_decode), where it applies: one coded span
-    whose both sides it reads, at most codes4_cpu.MAX_RAW raw spans, a mask that hides nothing, keys and
+    """The whole attention in one call of the compiled kernel (codes_decode), where it applies: one coded span
+    whose both sides it reads, at most codes_cpu.MAX_RAW raw spans, a mask that hides nothing, keys and
     values of one head_dim. Else None (the pieces and passes below). q (B, Hkv, R, D) scaled."""
     coded = [seg for seg in segments if isinstance(seg, Coded)]
     if len(coded) != 1 or len(segments) - 1 > MAX_RAW or q.device.type != "cpu":
@@ -420,7 +420,7 @@ def _whole_step(q: torch.Tensor, segments: list[Segment], mask: torch.Tensor | N
     if not (keys.compiled and values.compiled) or seg.values.shape[-1] != d:
         return None
     raw = [(s.keys, s.values) for s in segments if isinstance(s, Raw)]
-    return codes4_decode(keys.query(q), q, keys.stored(), values.stored(), raw, values.out_map)
+    return codes_decode(keys.query(q), q, keys.stored(), values.stored(), raw, values.out_map)
 
 
 def decode_attention_torch(

@@ -3,7 +3,7 @@
     enc = encode(x, codec)      # any codec: the DCT or rotation/quantizer kernel on CUDA when its layout allows
     x = decode(enc, codec)      # else codec.encode / codec.decode (the reference everywhere)
     out = decode_attention(q, segments, scale, mask)  # Triton | decode_attention_torch | the reference
-    attention_compiled(key_codec, value_codec, 64)     # True: on the CPU both sides run on codes4_cpu
+    attention_compiled(key_codec, value_codec, 64)     # True: on the CPU both sides run on codes_cpu
     backend_name("cuda", codec) # "triton", or "torch (why)" for a codec without a row layout
     op_backends(key_codec, value_codec, "cuda", head_dim=64)  # per op: which kernel, or torch and why
 
@@ -20,7 +20,7 @@ import torch
 
 from codeckv.codecs.layout import Codec, Encoded, NoRowLayout, RowLayout
 
-from .codes4_cpu import codes4_status
+from .codes_cpu import codes_status
 from .dct_decode import dct_decode_ref, dct_decode_supported, dct_decode_triton
 from .dct_encode import dct_encode_ref, dct_encode_supported, dct_encode_triton
 from .decode_attention import (
@@ -114,19 +114,36 @@ def _compiled_part(segment: Coded, head_dim: int, on_cuda: bool) -> str:
     """What the compiled CPU kernel does in decode_attention_torch for this pair (a clause of op_backends')."""
     if on_cuda:
         return ""
-    sides = [side for side, yes in zip(("keys", "values"), decode_attention_torch_compiled(segment, head_dim)) if yes]
-    status = codes4_status()
-    if not sides:
-        why = status if status.startswith("torch") else "the compiled kernel reads 4-bit codes only"
-        return f"; float rows a piece at a time: {why}"
-    return f"; {' and '.join(sides)} multiplied on their codes by codes4_cpu, {status}"
+    compiled = decode_attention_torch_compiled(segment, head_dim)
+    sides = [side for side, yes in zip(("keys", "values"), compiled) if yes]
+    status = codes_status()
+    if len(sides) == 2:
+        return f"; keys and values read on their codes by codes_cpu, {status}"
+    if status.startswith("torch"):
+        return f"; float rows a piece at a time: {status}"
+    why = "; ".join(f"{side}: {_why_not_compiled(codec, head_dim)}" for side, codec, yes in zip(
+        ("keys", "values"), (segment.key_codec, segment.value_codec), compiled) if not yes)
+    done = f"{sides[0]} read on their codes by codes_cpu, " if sides else ""
+    return f"; {done}float rows a piece at a time ({why})"
+
+
+def _why_not_compiled(codec: Codec, head_dim: int) -> str:
+    """Why the compiled CPU kernel does not read this codec's codes (it reads every other row layout)."""
+    layout = layout_of(codec)
+    if layout.block > 1:
+        return "the compiled kernel reads no DCT coefficients"
+    spec = layout.quant
+    if spec is None:
+        return "raw rows"
+    return f"the compiled kernel does not read {'Lloyd-Max ' if spec.lloyd_max else ''}{spec.bits}-bit codes at " \
+           f"head_dim {head_dim} in groups of {spec.group}"
 
 
 @functools.cache
 def attention_compiled(key_codec: Codec, value_codec: Codec, head_dim: int) -> bool:
     """True when decode_attention on CPU tensors multiplies both sides on their codes in the compiled kernel
-    (kernels/codes4_cpu.py): it then makes no float row, and a short context reads its codes about as fast
-    as SDPA reads a decoded view (a decode step, G <= codes4_cpu.MAX_ROWS query heads per KV head)."""
+    (kernels/codes_cpu.py): it then makes no float row, and a short context reads its codes about as fast
+    as SDPA reads a decoded view (a decode step, G <= codes_cpu.MAX_ROWS query heads per KV head)."""
     stored = [codec.encode(torch.zeros(1, 1, codec.block_tokens, head_dim)) for codec in (key_codec, value_codec)]
     segment = Coded(key_codec, stored[0], value_codec, stored[1])
     return decode_attention_torch_supported([segment]) and all(decode_attention_torch_compiled(segment, head_dim))

@@ -62,8 +62,8 @@ if [ "$dev" = 1 ]; then
     "$PY" -m pip download --disable-pip-version-check -q --no-deps "kernels==$HUB_KERNELS" -d "$VENV/wheels" \
       2> >(grep -v "is ignored: it is neither" >&2)
   fi
-  if ! command -v "${CC:-cc}" >/dev/null; then  # tests/kernels/test_codes4_cpu.py builds the compiled kernel
-    echo "setup: installing gcc for the compiled CPU kernel (kernels/codes4_cpu.c) ..."
+  if ! command -v "${CC:-cc}" >/dev/null; then  # tests/kernels/test_codes_cpu.py builds the compiled kernel
+    echo "setup: installing gcc for the compiled CPU kernel (kernels/codes_cpu.c) ..."
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq gcc libc6-dev >/dev/null
   fi
@@ -76,7 +76,7 @@ fi
 
 if [ "$convert" = 1 ]; then
   HF_HUB_OFFLINE=1 "$PY" -c "from codeckv.models import load_model; print(load_model().info)"
-  "$PY" -c "from kernels.codes4_cpu import codes4_status; print('attention on 4-bit codes:', codes4_status())"
+  "$PY" -c "from kernels.codes_cpu import codes_status; print('attention on the codes:', codes_status())"
   HF_HUB_OFFLINE=1 "$PY" -c "
 from codeckv.calibration import calibration_for
 from codeckv.models import load_model

@@ -13,7 +13,7 @@ from codeckv.coded_layer import TAG, CodedLayer
 from codeckv.kernel_ops import attention_compiled
 from codeckv.layers import CodecLayer
 from codeckv.tiers import TIERS
-from kernels.codes4_cpu import codes4_status
+from kernels.codes_cpu import codes_status
 
 RESIDENT_SLACK = 0.05  # resident bytes may exceed the archive by at most 5% (at 4k tokens)
 
@@ -73,7 +73,7 @@ def test_short_view_attends_like_the_codes_and_goes_past_its_length(tier, compil
     if not compiled:
         monkeypatch.setattr("codeckv.coded_layer.attention_compiled", lambda *_: False)
     elif not attention_compiled(TIERS[tier].key, TIERS[tier].value, 64):
-        pytest.skip(f"the compiled CPU kernel is not built here ({codes4_status()})")
+        pytest.skip(f"the compiled CPU kernel is not built here ({codes_status()})")
     torch.manual_seed(0)
     config = dataclasses.replace(TIERS[tier], keep_first=3, keep_recent=5)
     short, coded = CodedLayer(config, short_view=True), CodedLayer(config)

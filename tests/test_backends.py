@@ -6,7 +6,7 @@ from codeckv.backends import PCA_PATH, tier_backends
 from codeckv.codecs import GroupQuant, Rotation
 from codeckv.kernel_ops import op_backends
 from codeckv.tiers import TIERS
-from kernels.codes4_cpu import FLAGS, build
+from kernels.codes_cpu import FLAGS, build
 
 PNG_REASON = TIERS["png"].key.row_layout().reason
 
@@ -27,15 +27,18 @@ def test_each_op_says_its_path(tier, device, expected):
 
 def test_cpu_attention_says_what_the_compiled_kernel_does():
     built, status = build(FLAGS)
-    turbo = op_backends(TIERS["turbo-4"].key, TIERS["turbo-4"].value, "cpu", 64)["attention"]
-    int8 = op_backends(TIERS["int8"].key, TIERS["int8"].value, "cpu", 64)["attention"]
+    paths = {name: op_backends(TIERS[name].key, TIERS[name].value, "cpu", 64)["attention"]
+             for name in ("turbo-4", "int8", "jpeg-k8-int8")}
     if built is None:
-        assert turbo == int8 == f"torch decode_attention_torch (no CUDA device; float rows a piece at a time: {status})"
+        assert set(paths.values()) == {
+            f"torch decode_attention_torch (no CUDA device; float rows a piece at a time: {status})"}
         return
-    assert turbo == ("torch decode_attention_torch (no CUDA device; keys and values multiplied on their codes by "
-                     f"codes4_cpu, {status})")
-    assert int8 == ("torch decode_attention_torch (no CUDA device; float rows a piece at a time: the compiled kernel "
-                    "reads 4-bit codes only)")
+    for name in ("turbo-4", "int8"):
+        assert paths[name] == ("torch decode_attention_torch (no CUDA device; keys and values read on their codes "
+                               f"by codes_cpu, {status})"), name
+    assert paths["jpeg-k8-int8"] == (
+        "torch decode_attention_torch (no CUDA device; float rows a piece at a time (keys: the compiled kernel reads "
+        "no DCT coefficients; values: the compiled kernel reads no DCT coefficients))")
 
 
 def test_attention_path_and_reason_per_tier():

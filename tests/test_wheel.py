@@ -47,9 +47,9 @@ cache = make_cache(config, "turbo-4", materialization_free=True)
 coded = model.generate(ids, cache=cache, **run)
 assert coded.shape == native.shape and cache.footprint().archive_bytes > 0
 assert type(cache.layers[0]).__name__ == "CodedLayer" and "codeckv_kernels.decode_attention_torch" in sys.modules
-from codeckv_kernels.codes4_cpu import SOURCE, codes4_status
+from codeckv_kernels.codes_cpu import SOURCE, codes_status
 assert SOURCE.is_file() and SOURCE.parent.name == "codeckv_kernels", SOURCE  # the C source ships in the wheel
-print("wheel ok", codeckv.__version__, "|", codes4_status())
+print("wheel ok", codeckv.__version__, "|", codes_status())
 """.replace("HUB_KERNELS", HUB_KERNELS)
 
 

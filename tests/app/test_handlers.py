@@ -21,7 +21,7 @@ PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]  # Advanced accordion unt
 
 
 def _turbo_compiled() -> bool:
-    """True where the compiled CPU kernel reads turbo-4's codes (smollm2: head_dim 64)."""
+    """True where the compiled CPU kernel reads turbo-4's (and int8's) codes (smollm2: head_dim 64)."""
     return attention_compiled(TIERS["turbo-4"].key, TIERS["turbo-4"].value, 64)
 
 
@@ -126,8 +126,8 @@ def test_a_per_layer_schedule_from_advanced_settings_runs_with_each_layer_on_its
     assert codec[-1]["content"] and "turbo-4 · 0-1:int8, 29:pca-8x" in codec_stats
     # a one-line chat is a short context: the codes layers decode on their own short view (codeckv/coded_layer.py),
     # except where the compiled CPU kernel reads both sides' codes (turbo-4's layers)
-    if _turbo_compiled():
-        assert (f"{CODES} in 27 of 30 layers, {SHORT_VIEW} in 2, {VIEW} in 1 (layer 29 (pca-8x)") in codec_stats
+    if _turbo_compiled():  # int8's layers too: the compiled kernel reads every tier without a DCT
+        assert (f"{CODES} in 29 of 30 layers, {VIEW} in the others (layer 29 (pca-8x)") in codec_stats
     else:
         assert f"{SHORT_VIEW} in 29 of 30 layers, {VIEW} in the others (layer 29 (pca-8x)" in codec_stats
     layers = session.runs[1].cache.layers
@@ -143,8 +143,8 @@ def test_attention_reads_the_codes_by_default_and_the_stats_say_where():
     else:
         assert f"attention {SHORT_VIEW}" in codec_stats, "a short chat: the view the cache chose, and the stats say so"
     assert "through the codec cache, on the codes" in codec_stats
-    *_, codec_stats, _, _, _, _ = _turn(question, tier="int8")[-1]
-    assert f"attention {SHORT_VIEW}" in codec_stats, "int8 (no compiled kernel): a short chat decodes on a view"
+    *_, codec_stats, _, _, _, _ = _turn(question, tier="jpeg-k8-int8")[-1]
+    assert f"attention {SHORT_VIEW}" in codec_stats, "a DCT tier (no compiled kernel): a short chat decodes on a view"
     assert isinstance(session.runs[1].cache.layers[0], CodedLayer)
     *_, codec_stats, _, _, _, session = _turn(question, tier="turbo-4", decoded_view=True)[-1]
     assert "attention on a decoded view (asked for)" in codec_stats

@@ -1,20 +1,23 @@
-"""codes4_cpu: the compiled CPU kernel for attention on 4-bit codes (codes4_cpu.c), its launcher and checks.
+"""codes_cpu: the compiled CPU kernel for attention on stored integer codes (codes_cpu.c), its launcher and checks.
 
-    codes4_supported(spec, head_dim, rows)     # True when the kernel takes this side for `rows` query rows
-    scores = codes4_scores(q, codes, scale, spec, offset)   # (B, H, R, n) float32; spec: the side's QuantRows
-    out = codes4_weighted(w, codes, scale, spec, offset)    # (B, H, R, D) float32; offset: None or as the scale
-    codes4_status()                            # "compiled (AVX2)", or why the torch path runs instead
+    codes_supported(spec, head_dim, rows)     # True when the kernel takes this side for `rows` query rows
+    scores = codes_scores(q, codes, scale, spec, offset)   # (B, H, R, n) float32; spec: the side's QuantRows
+    out = codes_weighted(w, codes, scale, spec, offset)    # (B, H, R, D) float32; offset: None or as the scale
+    out = codes_decode(q, q_raw, keys, values, raw, out_map)   # a whole decode step, no mask
+    codes_status()                            # "compiled C (AVX2, ...)", or why the torch path runs instead
 
-The torch reference is decode_attention_torch's row path (rows() then a matmul): the same numbers
-up to float32 summation order (tests/kernels/test_codes4_cpu.py). On the CPU a decode step is
-memory-bound: the torch path writes and reads 4 D bytes of float32 rows per token and side, this
-kernel reads the D/2 bytes of codes and turns them into levels in registers.
+It reads 2-, 3-, 4- and 8-bit integer codes and 2- to 4-bit Lloyd-Max codes, scaled per channel or per
+token (turbo-4, turbo-3, rotated-4, int8, turbo-k4v2: every tier without a DCT). The torch reference is
+decode_attention_torch's row path (rows() then a matmul): the same numbers up to float32 summation order
+(tests/kernels/test_codes_cpu.py). On the CPU a decode step is memory-bound: the torch path writes and
+reads 4 D bytes of float32 rows per token and side, this kernel reads the D b / 8 bytes of b-bit codes
+and turns them into levels in registers.
 
 The C file is compiled once per machine with the C compiler found (`$CC`, else `cc`), `-O3
 -march=native`, into the codeckv cache (CODECKV_CACHE, default ~/.cache/codeckv) under a name
 holding a hash of the source, the flags and the CPU's feature flags, so a copied cache never runs
 code built for another CPU. No compiler, a failed build or CODECKV_CPU_KERNEL=0: the torch path,
-and codes4_status() says why. Called with torch.inference_mode or not alike; ctypes releases the GIL.
+and codes_status() says why. Called with torch.inference_mode or not alike; ctypes releases the GIL.
 """
 
 from __future__ import annotations
@@ -44,23 +47,23 @@ DISABLE_VARIABLE = "CODECKV_CPU_KERNEL"  # "0": never build or use the kernel
 
 
 class _Call(ctypes.Structure):
-    """Codes4Call in codes4_cpu.c: one call's tensors (data pointers), strides (elements) and sizes."""
+    """CodesCall in codes_cpu.c: one call's tensors (data pointers), strides (elements) and sizes."""
 
     _fields_ = [
         (name, ctypes.c_void_p if name in ("rows", "codes", "scale", "offset", "level", "out") else ctypes.c_int64)
         for name in (
             "rows", "rows_b", "rows_h", "rows_r", "codes", "scale", "offset", "level",
             "codes_b", "codes_h", "codes_t", "scale_b", "scale_h", "scale_t",
-            "group", "per_channel", "integer_levels", "out", "batch", "heads", "nrows", "tokens", "dim",
+            "bits", "group", "per_channel", "out", "batch", "heads", "nrows", "tokens", "dim",
         )
     ]
 
 
-MAX_RAW = 4  # raw spans a whole decode step takes beside its coded one (codes4_decode)
+MAX_RAW = 4  # raw spans a whole decode step takes beside its coded one (codes_decode)
 
 
 class _Decode(ctypes.Structure):
-    """Codes4Decode in codes4_cpu.c: a whole decode step (one coded span, up to MAX_RAW raw ones)."""
+    """CodesDecode in codes_cpu.c: a whole decode step (one coded span, up to MAX_RAW raw ones)."""
 
     _fields_ = [
         ("keys", _Call), ("values", _Call), ("raw_q", ctypes.c_void_p), ("out_map", ctypes.c_void_p),
@@ -95,16 +98,16 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
 
 @functools.cache
 def build(flags: tuple[str, ...]) -> tuple[ctypes.CDLL | None, str]:
-    """Compile codes4_cpu.c with `flags` into the cache (once per source, flags, CPU and compiler) and load it.
+    """Compile codes_cpu.c with `flags` into the cache (once per source, flags, CPU and compiler) and load it.
 
-    FLAGS is what the ops use; the tests also build with "-DCODES4_PORTABLE" (the plain C loops).
+    FLAGS is what the ops use; the tests also build with "-DCODES_PORTABLE" (the plain C loops).
     """
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return None, "torch (no C compiler: install gcc or clang, or set CC)"
     key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(flags).encode(), _cpu_flags().encode(),
                                       compiler.encode()])).hexdigest()
-    target = _cache_dir() / f"codes4_cpu-{platform.machine()}-{key[:16]}.so"
+    target = _cache_dir() / f"codes_cpu-{platform.machine()}-{key[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then moved in whole
@@ -122,42 +125,45 @@ def build(flags: tuple[str, ...]) -> tuple[ctypes.CDLL | None, str]:
         lib = ctypes.CDLL(str(target))
     except OSError as err:
         return None, f"torch (loading {target.name} failed: {err})"
-    for name, struct in (("codes4_scores", _Call), ("codes4_weighted", _Call), ("codes4_decode", _Decode)):
+    for name, struct in (("codes_scores", _Call), ("codes_weighted", _Call), ("codes_decode", _Decode)):
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.POINTER(struct)]
-    lib.codes4_vectorized.restype = ctypes.c_int
-    kind = "AVX2" if lib.codes4_vectorized() else "portable C"
+    lib.codes_vectorized.restype = ctypes.c_int
+    kind = "AVX2" if lib.codes_vectorized() else "portable C"
     return lib, f"compiled C ({kind}, {Path(compiler).name} {' '.join(f for f in flags if f.startswith('-march'))})"
 
 
-def codes4_status() -> str:
+def codes_status() -> str:
     """"compiled C (...)" when the kernel runs here, else "torch (why not)"."""
     return _library()[1]
 
 
-def codes4_supported(spec: QuantRows | None, head_dim: int, rows: int) -> bool:
-    """True for 4-bit codes the kernel reads (head_dim a multiple of 16, per-token groups of whole 16-channel
-    chunks) with at most MAX_ROWS query rows per KV head, on a machine where it is built."""
-    if spec is None or spec.bits != 4 or head_dim % 16 or head_dim > MAX_DIM or rows > MAX_ROWS:
+BITS = (2, 3, 4, 8)  # integer codes the kernel reads; Lloyd-Max levels up to 4 bits
+
+
+def codes_supported(spec: QuantRows | None, head_dim: int, rows: int) -> bool:
+    """True for codes the kernel reads (BITS; Lloyd-Max up to 4 bits; head_dim a multiple of 16, per-token
+    groups of whole 8-channel chunks) with at most MAX_ROWS query rows per KV head, where it is built."""
+    if spec is None or spec.bits not in BITS or (spec.lloyd_max and spec.bits > 4):
         return False
-    if not spec.per_channel and spec.group % 16:
+    if head_dim % 16 or head_dim > MAX_DIM or rows > MAX_ROWS or (not spec.per_channel and spec.group % 8):
         return False
     return _library()[0] is not None
 
 
 def _checked(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, spec: QuantRows):
-    b, h, n, half = codes.shape
-    d, group = 2 * half, spec.group
+    b, h, n, m = codes.shape
+    d, group = m * 8 // spec.bits, spec.group
     want = (b, h, -(-n // group), d) if spec.per_channel else (b, h, n, d // group)
     stats = [scale] if offset is None else [scale, offset]
-    if spec.bits != 4 or codes.dtype != torch.uint8 or any(
+    if spec.bits not in BITS or codes.dtype != torch.uint8 or any(
             t.dtype != torch.float16 or tuple(t.shape) != want for t in stats):
         got = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in stats)
-        raise ValueError(f"codes4: {spec.bits}-bit codes {tuple(codes.shape)} {codes.dtype} with scale (and offset) "
-                         f"{got}: expected 4-bit uint8 codes and float16 scale (and offset) {want}")
+        raise ValueError(f"codes_cpu: {spec.bits}-bit codes {tuple(codes.shape)} {codes.dtype} with scale (and "
+                         f"offset) {got}: expected {BITS}-bit uint8 codes and float16 scale (and offset) {want}")
     if codes.device.type != "cpu":
-        raise ValueError(f"codes4: CPU tensors expected, not {codes.device}")
+        raise ValueError(f"codes_cpu: CPU tensors expected, not {codes.device}")
     codes = codes if codes.stride(-1) == 1 else codes.contiguous()
     if offset is not None and (offset.stride() != scale.stride()):
         offset, scale = offset.contiguous(), scale.contiguous()
@@ -173,8 +179,8 @@ def _side_call(rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, 
         rows_in = rows_in.float().contiguous()
     call = _Call(
         rows_in.data_ptr(), *rows_in.stride()[:3], codes.data_ptr(), scale.data_ptr(),
-        None if offset is None else offset.data_ptr(), levels(spec, "cpu").data_ptr(),
-        *codes.stride()[:3], *scale.stride()[:3], spec.group, spec.per_channel, spec.levels is None,
+        None if offset is None else offset.data_ptr(), levels(spec, "cpu").data_ptr() if spec.lloyd_max else None,
+        *codes.stride()[:3], *scale.stride()[:3], spec.bits, spec.group, spec.per_channel,
         None if out is None else out.data_ptr(), b, h, rows_in.shape[2], n, d,
     )
     return call, (rows_in, codes, scale, offset)
@@ -183,36 +189,37 @@ def _side_call(rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, 
 def _kernel() -> ctypes.CDLL:
     lib = _library()[0]
     if lib is None:
-        raise RuntimeError(f"codes4: the kernel is not built here: {codes4_status()}")
+        raise RuntimeError(f"codes_cpu: the kernel is not built here: {codes_status()}")
     return lib
 
 
 def _call(name: str, rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
           spec: QuantRows, last: str):
     lib = _kernel()
-    b, h, n, half = codes.shape
-    out = torch.empty(b, h, rows_in.shape[2], n if last == "tokens" else 2 * half, dtype=torch.float32)
+    b, h, n, m = codes.shape
+    d = m * 8 // spec.bits
+    out = torch.empty(b, h, rows_in.shape[2], n if last == "tokens" else d, dtype=torch.float32)
     call, _alive = _side_call(rows_in, codes, scale, offset, spec, out)
     if getattr(lib, name)(ctypes.byref(call)) != 0:
-        raise ValueError(f"codes4: {name} refused head_dim {2 * half}, {rows_in.shape[2]} rows, group {spec.group} "
-                         "(see codes4_supported)")
+        raise ValueError(f"codes_cpu: {name} refused {spec.bits}-bit codes, head_dim {d}, {rows_in.shape[2]} rows, "
+                         f"group {spec.group} (see codes_supported)")
     return out
 
 
-def codes4_scores(q: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows,
-                  offset: torch.Tensor | None = None) -> torch.Tensor:
+def codes_scores(q: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows,
+                 offset: torch.Tensor | None = None) -> torch.Tensor:
     """q (B, H, R, D) . (level[code] * scale + offset) of every token: (B, H, R, n) float32 (module docstring)."""
-    return _call("codes4_scores", q, codes, scale, offset, spec, "tokens")
+    return _call("codes_scores", q, codes, scale, offset, spec, "tokens")
 
 
-def codes4_weighted(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows,
-                    offset: torch.Tensor | None = None) -> torch.Tensor:
+def codes_weighted(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows,
+                   offset: torch.Tensor | None = None) -> torch.Tensor:
     """w (B, H, R, n) @ (level[code] * scale + offset): (B, H, R, D) float32 (module docstring)."""
-    return _call("codes4_weighted", w, codes, scale, offset, spec, "channels")
+    return _call("codes_weighted", w, codes, scale, offset, spec, "channels")
 
 
-def codes4_decode(q: torch.Tensor, q_raw: torch.Tensor, keys: tuple, values: tuple,
-                  raw: list[tuple[torch.Tensor, torch.Tensor]], out_map: torch.Tensor | None) -> torch.Tensor:
+def codes_decode(q: torch.Tensor, q_raw: torch.Tensor, keys: tuple, values: tuple,
+                 raw: list[tuple[torch.Tensor, torch.Tensor]], out_map: torch.Tensor | None) -> torch.Tensor:
     """A whole decode step's attention, no mask: softmax(q . [coded keys, raw keys]) @ [coded values, raw values].
 
     q (B, H, R, D): the scaled queries in the keys' rows' domain; q_raw: the same in the tokens' domain.
@@ -222,7 +229,7 @@ def codes4_decode(q: torch.Tensor, q_raw: torch.Tensor, keys: tuple, values: tup
     """
     lib = _kernel()
     if len(raw) > MAX_RAW:
-        raise ValueError(f"codes4_decode: {len(raw)} raw spans (allowed: at most {MAX_RAW})")
+        raise ValueError(f"codes_cpu: codes_decode got {len(raw)} raw spans (allowed: at most {MAX_RAW})")
     q, q_raw = q.float().contiguous(), q_raw.float().contiguous()  # the two share their strides
     b, h, r, d = q.shape
     key_call, alive_k = _side_call(q, *keys, None)
@@ -243,6 +250,6 @@ def codes4_decode(q: torch.Tensor, q_raw: torch.Tensor, keys: tuple, values: tup
         call.raw_k[i], call.raw_v[i], call.raw_tokens[i] = k.data_ptr(), v.data_ptr(), k.shape[2]
         call.raw_b[i], call.raw_h[i], call.raw_t[i] = k.stride(0), k.stride(1), k.stride(2)
     call.scores, call.out = scores.data_ptr(), out.data_ptr()
-    if lib.codes4_decode(ctypes.byref(call)) != 0:
-        raise ValueError(f"codes4_decode refused head_dim {d}, {r} rows (see codes4_supported)")
+    if lib.codes_decode(ctypes.byref(call)) != 0:
+        raise ValueError(f"codes_cpu: codes_decode refused head_dim {d}, {r} rows (see codes_supported)")
     return out

@@ -1,7 +1,7 @@
-"""codes4_cpu: the compiled CPU kernel against its torch reference (the rows the codec decodes, then a matmul).
+"""codes_cpu: the compiled CPU kernel against its torch reference (the rows the codec decodes, then a matmul).
 
 Both builds are checked where a C compiler is found: the one the ops use (AVX2 where the CPU has it) and
-the plain C loops (-DCODES4_PORTABLE, what a CPU without AVX2 runs). Odd shapes: 1 row, rows past a
+the plain C loops (-DCODES_PORTABLE, what a CPU without AVX2 runs). Odd shapes: 1 row, rows past a
 register block, partial token blocks and groups, strided slices of a larger archive, batch 2.
 """
 
@@ -13,27 +13,32 @@ import torch
 from codeckv.codecs.lloyd_max import LloydMaxQuant
 from codeckv.codecs.quant import GroupQuant
 from codeckv.tiers import TIERS
-from kernels import codes4_cpu
+from kernels import codes_cpu
 from kernels import decode_attention_torch as dat
-from kernels.codes4_cpu import (
+from kernels.codes_cpu import (
     FLAGS,
     build,
-    codes4_decode,
-    codes4_scores,
-    codes4_status,
-    codes4_supported,
-    codes4_weighted,
+    codes_decode,
+    codes_scores,
+    codes_status,
+    codes_supported,
+    codes_weighted,
 )
 from kernels.decode_attention import Coded, Raw, decode_attention_ref
 from kernels.decode_attention_torch import decode_attention_torch, decode_attention_torch_compiled
 from kernels.layout import layout_of, rows
 
-BUILDS = {"ops": FLAGS, "portable": (*FLAGS, "-DCODES4_PORTABLE")}
+BUILDS = {"ops": FLAGS, "portable": (*FLAGS, "-DCODES_PORTABLE")}
 SIDES = {
     "integer codes per channel (turbo-4 keys)": GroupQuant(bits=4, group=32, per_channel=True),
     "Lloyd-Max per token (turbo-4 values)": LloydMaxQuant(bits=4, group=32),
     "integer codes per token, group 16": GroupQuant(bits=4, group=16),
     "Lloyd-Max per channel, group 8": LloydMaxQuant(bits=4, group=8, per_channel=True),
+    "3-bit integer codes per channel (turbo-3 keys)": GroupQuant(bits=3, group=32, per_channel=True),
+    "3-bit Lloyd-Max per token (turbo-3 values)": LloydMaxQuant(bits=3, group=32),
+    "2-bit Lloyd-Max per token (turbo-k4v2 values)": LloydMaxQuant(bits=2, group=32),
+    "2-bit integer codes per token, group 8": GroupQuant(bits=2, group=8),
+    "8-bit integer codes per token (int8)": GroupQuant(bits=8, group=32),
 }
 SHAPES = [  # (batch, heads, rows, tokens, head_dim)
     (1, 3, 3, 4096, 64),
@@ -50,7 +55,7 @@ def kernel(request, monkeypatch):
     lib, status = build(BUILDS[request.param])
     if lib is None:
         pytest.skip(f"no compiled kernel here: {status}")
-    monkeypatch.setattr(codes4_cpu, "_library", lambda: (lib, status))
+    monkeypatch.setattr(codes_cpu, "_library", lambda: (lib, status))
     return request.param
 
 
@@ -76,10 +81,10 @@ def test_products_on_the_codes_match_the_decoded_rows(kernel, side, shape):
     codes, scale, offset, x = _stored(codec, shape)
     spec = layout_of(codec).quant
     q, w = torch.randn(b, h, r, d), torch.rand(b, h, r, n)
-    got = codes4_scores(q, codes, scale, spec, offset)
+    got = codes_scores(q, codes, scale, spec, offset)
     torch.testing.assert_close(got, q @ x.transpose(2, 3), atol=2e-4 * d**0.5, rtol=1e-4,
                                msg=f"{kernel} build: scores of {side} {shape}")
-    got = codes4_weighted(w, codes, scale, spec, offset)
+    got = codes_weighted(w, codes, scale, spec, offset)
     torch.testing.assert_close(got, w @ x, atol=2e-4 * n**0.5, rtol=1e-4,
                                msg=f"{kernel} build: weighted sum of {side} {shape}")
 
@@ -92,13 +97,13 @@ def test_strided_slices_of_a_larger_archive(kernel):
     codes, scale, offset = codes[:, :, 64:160], scale[:, :, 2:5], offset[:, :, 2:5]
     q = torch.randn(1, 3, 8, 64)[:, :, ::2]  # a row stride of 2 rows
     w = torch.rand(1, 3, 3, 300)[..., 10:106]
-    torch.testing.assert_close(codes4_scores(q, codes, scale, spec, offset), q @ x[:, :, 64:160].transpose(2, 3),
+    torch.testing.assert_close(codes_scores(q, codes, scale, spec, offset), q @ x[:, :, 64:160].transpose(2, 3),
                                atol=1e-3, rtol=1e-4)
-    torch.testing.assert_close(codes4_weighted(w, codes, scale, spec, offset), w @ x[:, :, 64:160],
+    torch.testing.assert_close(codes_weighted(w, codes, scale, spec, offset), w @ x[:, :, 64:160],
                                atol=1e-3, rtol=1e-4)
 
 
-@pytest.mark.parametrize("tier", ["turbo-4", "rotated-4"])
+@pytest.mark.parametrize("tier", ["turbo-4", "rotated-4", "turbo-3", "int8", "turbo-k4v2"])
 def test_attention_with_the_kernel_matches_the_reference(kernel, tier):
     """decode_attention_torch with both sides on the kernel, raw spans around, and a mask, against the reference."""
     tier_def = TIERS[tier]
@@ -120,9 +125,10 @@ def test_attention_with_the_kernel_matches_the_reference(kernel, tier):
 
 @pytest.mark.parametrize("tier, rows, raw_spans, head_dim", [
     ("turbo-4", 3, 2, 64), ("rotated-4", 1, 4, 64), ("turbo-4", 9, 0, 128), ("rotated-4", 64, 1, 32),
+    ("turbo-3", 4, 1, 64), ("int8", 2, 2, 96),
 ])
 def test_a_whole_decode_step_matches_the_reference(kernel, tier, rows, raw_spans, head_dim):
-    """codes4_decode (scores, softmax and weighted values in one call) against decode_attention_ref."""
+    """codes_decode (scores, softmax and weighted values in one call) against decode_attention_ref."""
     codecs = TIERS[tier]
     torch.manual_seed(2)
     k, v = torch.randn(2, 2, 96, head_dim), torch.randn(2, 2, 96, head_dim) + 0.5
@@ -147,58 +153,57 @@ def test_a_whole_step_falls_back_where_it_does_not_apply(kernel):
     coded = Coded(codecs.key, codecs.key.encode(k), codecs.value, codecs.value.encode(v))
     raw = Raw(torch.randn(1, 1, 2, 64), torch.randn(1, 1, 2, 64))
     q = torch.randn(1, 1, 1, 64)
-    assert dat._whole_step(q, [coded] + [raw] * (codes4_cpu.MAX_RAW + 1), None) is None, "too many raw spans"
+    assert dat._whole_step(q, [coded] + [raw] * (codes_cpu.MAX_RAW + 1), None) is None, "too many raw spans"
     assert dat._whole_step(q, [coded, coded], None) is None, "two coded spans"
     mask = torch.ones(1, 1, 1, 66, dtype=torch.bool)
     mask[..., 0] = False
     assert dat._whole_step(q, [coded, raw], mask) is None, "a mask that hides a token"
-    turbo3 = TIERS["turbo-3"]
-    coded3 = Coded(turbo3.key, turbo3.key.encode(k), turbo3.value, turbo3.value.encode(v))
-    assert dat._whole_step(q, [coded3, raw], None) is None, "3-bit codes"
+    jpeg = TIERS["jpeg-k8-int8"]
+    coded_dct = Coded(jpeg.key, jpeg.key.encode(k), jpeg.value, jpeg.value.encode(v))
+    assert dat._whole_step(q, [coded_dct, raw], None) is None, "DCT coefficients"
     query = torch.randn(1, 1, 1, 64)
     torch.testing.assert_close(decode_attention_torch(query, [coded, raw], mask=mask),
                                decode_attention_ref(query, [coded, raw], mask=mask), atol=2e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="at most 4"):
-        codes4_decode(q, q, (), (), [(raw.keys, raw.values)] * 5, None)
+        codes_decode(q, q, (), (), [(raw.keys, raw.values)] * 5, None)
 
 
 def test_which_sides_it_takes():
     spec = layout_of(TIERS["turbo-4"].value).quant
-    assert not codes4_supported(layout_of(TIERS["turbo-3"].value).quant, 64, 3), "3-bit codes: the torch path"
-    assert not codes4_supported(layout_of(TIERS["int8"].value).quant, 64, 3), "8-bit codes: the torch path"
-    assert not codes4_supported(spec, 64, codes4_cpu.MAX_ROWS + 1), "a long prefill chunk's rows: torch matmuls"
-    assert not codes4_supported(spec, 40, 3), "head_dim not a multiple of 16"
-    assert not codes4_supported(None, 64, 3), "raw rows"
+    assert not codes_supported(None, 64, 3), "DCT coefficients or raw rows: no quantized rows to read"
+    assert not codes_supported(layout_of(LloydMaxQuant(bits=8, group=32)).quant, 64, 3), "8-bit Lloyd-Max"
+    assert not codes_supported(spec, 64, codes_cpu.MAX_ROWS + 1), "a long prefill chunk's rows: torch matmuls"
+    assert not codes_supported(spec, 40, 3), "head_dim not a multiple of 16"
     built = build(FLAGS)[0] is not None
-    assert codes4_supported(spec, 64, 3) == built and codes4_supported(spec, 256, 64) == built
+    assert codes_supported(spec, 64, 3) == built and codes_supported(spec, 256, 64) == built
 
 
 def test_no_compiler_or_disabled_means_the_torch_path(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    status = build((*FLAGS, "-DCODES4_TEST_NO_COMPILER"))
+    status = build((*FLAGS, "-DCODES_TEST_NO_COMPILER"))
     assert status == (None, "torch (no C compiler: install gcc or clang, or set CC)")
-    monkeypatch.setenv(codes4_cpu.DISABLE_VARIABLE, "0")
-    assert codes4_status() == f"torch ({codes4_cpu.DISABLE_VARIABLE}=0)"
-    assert not codes4_supported(layout_of(TIERS["turbo-4"].value).quant, 64, 3)
+    monkeypatch.setenv(codes_cpu.DISABLE_VARIABLE, "0")
+    assert codes_status() == f"torch ({codes_cpu.DISABLE_VARIABLE}=0)"
+    assert not codes_supported(layout_of(TIERS["turbo-4"].value).quant, 64, 3)
     with pytest.raises(RuntimeError, match="not built here"):
-        codes4_scores(torch.zeros(1, 1, 1, 16), torch.zeros(1, 1, 1, 8, dtype=torch.uint8),
+        codes_scores(torch.zeros(1, 1, 1, 16), torch.zeros(1, 1, 1, 8, dtype=torch.uint8),
                       torch.zeros(1, 1, 1, 1, dtype=torch.float16), layout_of(LloydMaxQuant(bits=4, group=16)).quant)
 
 
 def test_a_failed_build_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("CODECKV_CACHE", str(tmp_path))
-    lib, status = build((*FLAGS, "-DCODES4_TEST_FAILS", "-Werror=this-flag-does-not-exist"))
-    assert lib is None and status.startswith("torch (building codes4_cpu.c failed:"), status
+    lib, status = build((*FLAGS, "-DCODES_TEST_FAILS", "-Werror=this-flag-does-not-exist"))
+    assert lib is None and status.startswith("torch (building codes_cpu.c failed:"), status
 
 
 def test_wrong_tensors_are_refused(kernel):
     spec = layout_of(LloydMaxQuant(bits=4, group=32)).quant
     codes, scale = torch.zeros(1, 1, 4, 32, dtype=torch.uint8), torch.zeros(1, 1, 4, 2, dtype=torch.float16)
-    with pytest.raises(ValueError, match="expected 4-bit uint8 codes and float16 scale"):
-        codes4_scores(torch.zeros(1, 1, 1, 64), codes, scale.float(), spec)
-    with pytest.raises(ValueError, match="expected 4-bit uint8 codes and float16 scale"):
-        codes4_scores(torch.zeros(1, 1, 1, 64), codes, scale[:, :, :3], spec)
-    with pytest.raises(ValueError, match="expected 4-bit uint8 codes and float16 scale"):
-        codes4_scores(torch.zeros(1, 1, 1, 64), codes, scale, spec, offset=scale[:, :, :3])
-    with pytest.raises(ValueError, match="refused head_dim"):
-        codes4_scores(torch.zeros(1, 1, codes4_cpu.MAX_ROWS + 1, 64), codes, scale, spec)
+    with pytest.raises(ValueError, match="uint8 codes and float16 scale"):
+        codes_scores(torch.zeros(1, 1, 1, 64), codes, scale.float(), spec)
+    with pytest.raises(ValueError, match="uint8 codes and float16 scale"):
+        codes_scores(torch.zeros(1, 1, 1, 64), codes, scale[:, :, :3], spec)
+    with pytest.raises(ValueError, match="uint8 codes and float16 scale"):
+        codes_scores(torch.zeros(1, 1, 1, 64), codes, scale, spec, offset=scale[:, :, :3])
+    with pytest.raises(ValueError, match="refused 4-bit codes, head_dim 64"):
+        codes_scores(torch.zeros(1, 1, codes_cpu.MAX_ROWS + 1, 64), codes, scale, spec)
