@@ -7,8 +7,10 @@
 A CodedLayer (codeckv/coded_layer.py) returns shape-only "meta" tensors tagged with itself;
 `codec_attention`, registered in transformers' AttentionInterface, recognizes the tag and runs
 kernels.decode_attention on the layer's segments (Triton on CUDA, the chunked torch reference
-elsewhere). Untagged keys (native layers, sliding-window layers, a materialized CodecLayer) go to
-transformers' SDPA unchanged, so a model routed here attends exactly as with SDPA on any other cache.
+elsewhere), then archives what the new tokens completed (so a prefill chunk is raw in one layer at a
+time, not in every layer until the next forward). Untagged keys (native layers, sliding-window layers, a
+materialized CodecLayer) go to transformers' SDPA unchanged, so a model routed here attends exactly as
+with SDPA on any other cache.
 A StackedCache (codeckv/stacked.py) tags its keys with its members' outputs: each member's rows of
 the batch attend to that member's keys alone, by the same rules.
 """
@@ -47,9 +49,11 @@ def codec_attention(
         raise ValueError("codeckv attention: softcap, sliding windows and dropout are not supported on codec layers")
     if not layer.archive_k.tokens:  # nothing archived yet (a first prefill): plain SDPA on the raw tokens
         keys, values = layer.raw()
-        return sdpa_attention_forward(module, query, keys, values, attention_mask, dropout, scaling, **kwargs)
-    out = layer.attend(query, attention_mask, scaling)  # (B, Hq, T, Dv)
-    return out.transpose(1, 2).contiguous(), None
+        out = sdpa_attention_forward(module, query, keys, values, attention_mask, dropout, scaling, **kwargs)[0]
+    else:
+        out = layer.attend(query, attention_mask, scaling).transpose(1, 2).contiguous()  # (B, T, Hq, Dv)
+    layer.flush()  # archive what the new tokens completed now: a forward holds one layer's raw chunk, not all
+    return out, None
 
 
 def _stacked_attention(module, query, members, attention_mask, dropout, scaling, **kwargs) -> tuple[torch.Tensor, None]:

@@ -21,6 +21,11 @@ that of SDPA.
              a token of the pass) and applied to the values piece by piece; passes merge with an online
              softmax (only long prefills need several)
 
+    compiled on the CPU, a side whose codes kernels/codes_cpu.c reads (no DCT; at most codes_cpu.MAX_ROWS
+             query rows per KV head: a decode step, not a long prefill chunk) never makes rows: the kernel
+             makes its products on the codes; a decode step with one coded span and no hidden token is
+             one call of it for the whole attention (_whole_step)
+
 The extra memory of a call is bounded by ROWS_BYTES and SCORE_BYTES, whatever the context. Handles any
 T, GQA, masks (rows that see nothing in a pass, as causal prefill chunks have), raw segments anywhere,
 different key and value layouts; a codec without a row layout (png) is the reference's job
