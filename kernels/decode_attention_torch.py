@@ -47,7 +47,7 @@ from .decode_attention import Coded, Raw, Segment, _bias, _geometry
 from .layout import basis, layout_of, levels, rotation, tensors
 
 ROWS_BYTES = 4 << 20  # float32 rows of one piece and side (keys or values), at most
-SCORE_BYTES = 16 << 20  # float32 scores of one pass (every query row against the pass's tokens), at most
+SCORE_BYTES = 4 << 20  # float32 scores of one pass (every query row against the pass's tokens), at most
 _CODE_TABLE_INDEX_BITS = {2: 8, 4: 8, 8: 8, 3: 12}  # bits of stored code stream read per table lookup
 
 
