@@ -20,7 +20,6 @@ that of SDPA.
              pre-scaled) go into one (B, Hkv, G*T, n) buffer, softmax'd (the mask added where it hides
              a token of the pass) and applied to the values piece by piece; passes merge with an online
              softmax (only long prefills need several)
-
     compiled on the CPU, a side whose codes kernels/codes_cpu.c reads (no DCT; at most codes_cpu.MAX_ROWS
              query rows per KV head: a decode step, not a long prefill chunk) never makes rows: the kernel
              makes its products on the codes; a decode step with one coded span and no hidden token is
