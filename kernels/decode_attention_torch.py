@@ -41,7 +41,7 @@ import torch
 
 from codeckv.codecs.layout import Codec, Encoded, RowLayout
 
-from .codes_cpu import MAX_RAW, codes_decode, codes_scores, codes_supported, codes_weighted
+from .codes_cpu import MAX_RAW, MAX_ROWS, codes_decode, codes_scores, codes_supported, codes_weighted
 from .decode_attention import Coded, Raw, Segment, _bias, _geometry
 from .layout import basis, layout_of, levels, rotation, tensors
 
@@ -413,8 +413,8 @@ def _whole_step(q: torch.Tensor, segments: list[Segment], mask: torch.Tensor | N
     whose both sides it reads, at most codes_cpu.MAX_RAW raw spans, a mask that hides nothing, keys and
     values of one head_dim. Else None (the pieces and passes below). q (B, Hkv, R, D) scaled."""
     coded = [seg for seg in segments if isinstance(seg, Coded)]
-    if len(coded) != 1 or len(segments) - 1 > MAX_RAW or q.device.type != "cpu":
-        return None
+    if len(coded) != 1 or len(segments) - 1 > MAX_RAW or q.device.type != "cpu" or q.shape[2] > MAX_ROWS:
+        return None  # (a prefill chunk's rows: the pieces below, without building its sides twice)
     if mask is not None and _masks_any(mask, 0, sum(seg.tokens for seg in segments)):
         return None
     seg = coded[0]
