@@ -29,8 +29,13 @@ bytes per cell for its position and sequence and a few headers).
 Rotation. For a quantized type and head_dim a multiple of 64, this llama.cpp (0.3.36's vendor copy)
 multiplies K and V by a Hadamard matrix before quantizing them and undoes it in attention (`attn_rot_k`,
 `attn_rot_v` in its log; `LLAMA_ATTN_ROT_DISABLE=1` in the environment turns it off); `engine.rotated`
-says what the context did. Logging: llama.cpp's log goes through llama-cpp-python's handler, which
-prints errors only unless `verbose=True`.
+says what the context did.
+
+Logging. llama-cpp-python 0.3.36 maps ggml's log levels with a stale table (ggml's WARN = 3 read as an
+error, ERROR = 4 as debug), so with verbose=False it prints llama.cpp's warnings and hides its errors.
+The first Engine therefore installs this module's handler for the process (llama_log_set): llama.cpp's
+errors go to stderr, everything else only when an Engine is created with verbose=True; the lines logged
+while a context is created are also read here (the KV buffer size, the rotation flags).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import re
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -201,7 +207,7 @@ class Engine:
         self.peer, self.model_name, self.n_threads = peer, model_name, n_threads
         self._llama_cpp = llama_cpp
         n_batch = min(n_batch or n_ctx, n_ctx)
-        with _captured_log(llama_cpp) as log:
+        with _captured_log(llama_cpp, verbose) as log:
             try:
                 self.llama = llama_cpp.Llama(
                     str(gguf_path(model_name)), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
@@ -294,24 +300,36 @@ def open_engine(peer: LlamaCppPeer | str, model_name: str = DEFAULT_MODEL, n_ctx
     return Engine(peer, model_name, n_ctx, n_batch, n_threads, verbose)
 
 
+GGML_LOG_ERROR, GGML_LOG_CONT = 4, 5  # ggml.h's enum ggml_log_level
+
+
+class _Log:
+    """The state of this module's llama.cpp log handler: where lines go while a context is created."""
+
+    lines: list[str] | None = None  # collecting (one Engine being created) or not
+    echo = False  # print every line (verbose), not only errors
+    last_level = 0  # a GGML_LOG_CONT line continues the previous line's level
+    handler = None  # the ctypes callback, kept alive while llama.cpp holds it
+
+
+def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode(errors="replace")
+    level = _Log.last_level if level == GGML_LOG_CONT else level
+    _Log.last_level = level
+    if _Log.lines is not None:
+        _Log.lines.append(line)
+    if _Log.echo or level == GGML_LOG_ERROR:
+        sys.stderr.write(line)
+
+
 @contextmanager
-def _captured_log(llama_cpp) -> Iterator[list[str]]:
-    """Collect llama.cpp's log lines while a context is created, also passing them to the handler installed before.
-
-    The KV buffer size and the rotation flags are only logged; this reads them without printing anything
-    that llama-cpp-python's handler would not have printed.
-    """
-    previous = llama_cpp._logger.llama_log_callback  # llama-cpp-python's handler (prints per its verbosity)
-    lines: list[str] = []
-
-    @llama_cpp.llama_log_callback
-    def collect(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        lines.append(text.decode(errors="replace"))
-        previous(level, text, user_data)
-
-    llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
+def _captured_log(llama_cpp, verbose: bool) -> Iterator[list[str]]:
+    """Install this module's log handler (once per process) and collect the lines logged inside the block."""
+    if _Log.handler is None:
+        _Log.handler = llama_cpp.llama_log_callback(_on_log)
+        llama_cpp.llama_log_set(_Log.handler, ctypes.c_void_p(0))
+    _Log.lines, _Log.echo = [], verbose
     try:
-        yield lines
+        yield _Log.lines
     finally:
-        llama_cpp.llama_log_set(previous, ctypes.c_void_p(0))
-
+        _Log.lines, _Log.echo = None, False

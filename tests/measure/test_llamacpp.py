@@ -189,3 +189,15 @@ def test_decode_latency_rows_beside_f16(windows):
     assert all(r.decode_ms > 0 and r.threads == 1 for r in rows)
     with pytest.raises(ValueError, match="needs that many ids"):
         decode_latency(windows[0], [], contexts=[1000])
+
+
+def test_quiet_unless_verbose_and_rotation_follows_the_environment(monkeypatch, capfd):
+    pytest.importorskip("llama_cpp")
+    monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")  # llama.cpp warns that it is off: a line that must not show
+    with open_engine("llamacpp-q4_0", n_ctx=64) as engine:
+        assert engine.rotated == {"k": False, "v": False}
+    assert capfd.readouterr().err == ""
+    monkeypatch.delenv("LLAMA_ATTN_ROT_DISABLE")
+    with open_engine("llamacpp-q4_0", n_ctx=64, verbose=True) as engine:
+        assert engine.rotated == {"k": True, "v": True}
+    assert "KV buffer size" in capfd.readouterr().err
