@@ -16,7 +16,7 @@ import triton.language as tl
 from codeckv.codecs.layout import Codec, Encoded, RowLayout
 
 from .layout import basis, layout_of, levels, rotation, tensors
-from .triton_helpers import load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
+from .triton_helpers import Launch, load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
 
 TOKENS_PER_TILE = 32  # about this many output tokens per program
 
@@ -80,8 +80,8 @@ def dct_decode_supported(enc: Encoded, codec: Codec) -> bool:
     return layout.rotation is None or (d >= 16 and d & (d - 1) == 0)
 
 
-def dct_decode_triton(enc: Encoded, codec: Codec) -> torch.Tensor:
-    """Decode an archive of `codec` with the Triton kernel: the same (B, H, S, D) as codec.decode(enc)."""
+def dct_decode_launch(enc: Encoded, codec: Codec) -> tuple[Launch, torch.Tensor]:
+    """The launch that decodes an archive of `codec`, and the (B, H, S, D) output it fills."""
     if not dct_decode_supported(enc, codec):
         raise ValueError(f"dct_decode_triton: {codec!r} with head_dim {enc.shape[-1]} is not supported")
     b, h, s, d = enc.shape
@@ -100,15 +100,22 @@ def dct_decode_triton(enc: Encoded, codec: Codec) -> torch.Tensor:
     else:
         block_nb = pow2(triton.cdiv(16, r_p))  # 16 tokens: tl.dot's minimum, and the rotation's registers
     scale = rows if scale is None else scale
-    grid = (b * h, triton.cdiv(n_blocks, block_nb))
-    _dct_decode_kernel[grid](
+    launch = Launch(_dct_decode_kernel, (b * h, triton.cdiv(n_blocks, block_nb)), (
         rows, scale, scale if offset is None else offset, lut, m, m if rot is None else rot, out,
         h, n_blocks, *row_strides(rows), *row_strides(scale),
+    ), dict(
         K=layout.k, R=layout.block, R_P=r_p, BLOCK_NB=block_nb, D=d, D_P=pow2(d), ROTATE=rot is not None,
         SLAB=rotation_slab_width(d),
         num_warps=8 if rot is not None else 4,
         **quant_meta(spec, ""),
-    )
+    ))
+    return launch, out
+
+
+def dct_decode_triton(enc: Encoded, codec: Codec) -> torch.Tensor:
+    """Decode an archive of `codec` with the Triton kernel: the same (B, H, S, D) as codec.decode(enc)."""
+    launch, out = dct_decode_launch(enc, codec)
+    launch()
     return out
 
 

@@ -21,6 +21,7 @@ from codeckv.codecs.layout import Codec, Encoded, RowLayout, check_input
 
 from .layout import basis, layout_of, raw_dtype, rotation
 from .triton_helpers import (
+    Launch,
     encoder_inputs,
     encoder_meta,
     pow2,
@@ -111,8 +112,8 @@ def dct_encode_supported(x: torch.Tensor, codec: Codec) -> bool:
     return layout.rotation is None or (d >= 16 and d & (d - 1) == 0)
 
 
-def dct_encode_triton(x: torch.Tensor, codec: Codec) -> Encoded:
-    """Encode x (B, H, S, D) with the Triton kernel: the same Encoded as codec.encode(x)."""
+def dct_encode_launch(x: torch.Tensor, codec: Codec) -> tuple[Launch, Encoded]:
+    """The launch that encodes x (B, H, S, D), and the Encoded of the outputs it fills."""
     check_input(x, codec.block_tokens, "dct_encode")
     if not dct_encode_supported(x, codec):
         raise ValueError(f"dct_encode_triton: {codec!r} on {x.dtype} head_dim {x.shape[-1]} is not supported")
@@ -133,21 +134,28 @@ def dct_encode_triton(x: torch.Tensor, codec: Codec) -> Encoded:
         offset = scale if offset is None else offset
         rows = spec.group if spec.per_channel else ROWS_PER_TOKEN_TILE
     rot = rotation(layout, d, x.device)
-    grid = (b * h, triton.cdiv(n_rows, rows))
-    _dct_encode_kernel[grid](
+    launch = Launch(_dct_encode_kernel, (b * h, triton.cdiv(n_rows, rows)), (
         x, m, out, scale, offset, *encoder_inputs(spec, x.device),
         m if rot is None else rot,
         h, n_rows,
         x.stride(0), x.stride(1), x.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         scale.stride(0), scale.stride(1), scale.stride(2),
+    ), dict(
         K=layout.k, R=layout.block, ROWS=rows, R_P=max(pow2(rows), 16 if rot is not None else 1),
         D=d, **tiles,
         QUANT=spec is not None, BITS=spec.bits if spec else 8, PER_CHANNEL=bool(spec and spec.per_channel),
         LLOYD=bool(spec and spec.lloyd_max), ROTATE=rot is not None, SLAB=rotation_slab_width(d),
         **encoder_meta(spec), num_warps=8 if rot is not None else 4,
-    )
-    return Encoded(data, (b, h, s, d), x.dtype)
+    ))
+    return launch, Encoded(data, (b, h, s, d), x.dtype)
+
+
+def dct_encode_triton(x: torch.Tensor, codec: Codec) -> Encoded:
+    """Encode x (B, H, S, D) with the Triton kernel: the same Encoded as codec.encode(x)."""
+    launch, enc = dct_encode_launch(x, codec)
+    launch()
+    return enc
 
 
 def dct_encode_ref(x: torch.Tensor, codec: Codec) -> Encoded:

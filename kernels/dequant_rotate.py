@@ -14,9 +14,9 @@ import triton.language as tl
 from codeckv.codecs.layout import Codec, Encoded, RowLayout
 
 from .layout import layout_of, levels, rotation, tensors
-from .triton_helpers import load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
+from .triton_helpers import Launch, load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
 
-TOKENS_PER_TILE = 32  # tokens per program
+TOKENS_PER_TILE = 16  # tokens per program (32 spilled: kernels.compile_check)
 
 
 @triton.jit
@@ -64,8 +64,8 @@ def dequant_rotate_supported(enc: Encoded, codec: Codec) -> bool:
     return layout.rotation is None or (d >= 16 and d & (d - 1) == 0)
 
 
-def dequant_rotate_triton(enc: Encoded, codec: Codec) -> torch.Tensor:
-    """Decode an archive of `codec` with the Triton kernel: the same (B, H, S, D) as codec.decode(enc)."""
+def dequant_rotate_launch(enc: Encoded, codec: Codec) -> tuple[Launch, torch.Tensor]:
+    """The launch that decodes an archive of `codec`, and the (B, H, S, D) output it fills."""
     if not dequant_rotate_supported(enc, codec):
         raise ValueError(f"dequant_rotate_triton: {codec!r} with head_dim {enc.shape[-1]} is not supported")
     b, h, s, d = enc.shape
@@ -76,14 +76,21 @@ def dequant_rotate_triton(enc: Encoded, codec: Codec) -> torch.Tensor:
     lut = levels(spec, device)
     rot = rotation(layout, d, device)
     out = torch.empty((b, h, s, d), dtype=enc.dtype, device=device)
-    grid = (b * h, triton.cdiv(s, TOKENS_PER_TILE))
-    _dequant_rotate_kernel[grid](
+    launch = Launch(_dequant_rotate_kernel, (b * h, triton.cdiv(s, TOKENS_PER_TILE)), (
         codes, scale, scale if offset is None else offset, lut, lut if rot is None else rot, out,
         h, s, *row_strides(codes), *row_strides(scale),
+    ), dict(
         BLOCK_T=TOKENS_PER_TILE, D=d, D_P=pow2(d), ROTATE=rot is not None, SLAB=rotation_slab_width(d),
         num_warps=8 if rot is not None else 4,
         **quant_meta(spec, ""),
-    )
+    ))
+    return launch, out
+
+
+def dequant_rotate_triton(enc: Encoded, codec: Codec) -> torch.Tensor:
+    """Decode an archive of `codec` with the Triton kernel: the same (B, H, S, D) as codec.decode(enc)."""
+    launch, out = dequant_rotate_launch(enc, codec)
+    launch()
     return out
 
 

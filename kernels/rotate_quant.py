@@ -18,6 +18,7 @@ from codeckv.codecs.layout import Codec, Encoded, RowLayout, check_input
 
 from .layout import layout_of, rotation
 from .triton_helpers import (
+    Launch,
     encoder_inputs,
     encoder_meta,
     pow2,
@@ -89,8 +90,8 @@ def rotate_quant_supported(x: torch.Tensor, codec: Codec) -> bool:
     return layout.rotation is None or (d >= 16 and d & (d - 1) == 0)
 
 
-def rotate_quant_triton(x: torch.Tensor, codec: Codec) -> Encoded:
-    """Encode x (B, H, S, D) with the Triton kernel: the same Encoded as codec.encode(x)."""
+def rotate_quant_launch(x: torch.Tensor, codec: Codec) -> tuple[Launch, Encoded]:
+    """The launch that encodes x (B, H, S, D), and the Encoded of the outputs it fills."""
     check_input(x, codec.block_tokens, "rotate_quant")
     if not rotate_quant_supported(x, codec):
         raise ValueError(f"rotate_quant_triton: {codec!r} on {x.dtype} head_dim {x.shape[-1]} is not supported")
@@ -102,20 +103,27 @@ def rotate_quant_triton(x: torch.Tensor, codec: Codec) -> Encoded:
     tables = encoder_inputs(spec, x.device)
     rot = rotation(layout, d, x.device)
     rows = spec.group if spec.per_channel else TOKENS_PER_TILE
-    grid = (b * h, triton.cdiv(s, rows))
-    _rotate_quant_kernel[grid](
+    launch = Launch(_rotate_quant_kernel, (b * h, triton.cdiv(s, rows)), (
         x, tables[0] if rot is None else rot, codes, scale, scale if offset is None else offset,
         *tables,
         h, s,
         x.stride(0), x.stride(1), x.stride(2),
         codes.stride(0), codes.stride(1), codes.stride(2),
         scale.stride(0), scale.stride(1), scale.stride(2),
+    ), dict(
         ROWS=rows, R_P=max(pow2(rows), 16 if rot is not None else 1), D=d, **tile_layout(spec, d),
         BITS=spec.bits, PER_CHANNEL=spec.per_channel, LLOYD=spec.lloyd_max, ROTATE=rot is not None,
         SLAB=rotation_slab_width(d), **encoder_meta(spec),
         num_warps=8 if rot is not None else 4,
-    )
-    return Encoded(data, (b, h, s, d), x.dtype)
+    ))
+    return launch, Encoded(data, (b, h, s, d), x.dtype)
+
+
+def rotate_quant_triton(x: torch.Tensor, codec: Codec) -> Encoded:
+    """Encode x (B, H, S, D) with the Triton kernel: the same Encoded as codec.encode(x)."""
+    launch, enc = rotate_quant_launch(x, codec)
+    launch()
+    return enc
 
 
 def rotate_quant_ref(x: torch.Tensor, codec: Codec) -> Encoded:

@@ -7,6 +7,8 @@ along head_dim (codecs/bitpack.py); the constexpr arguments `quant_meta` builds 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import triton
 import triton.language as tl
@@ -220,7 +222,26 @@ def rotation_slab_width(head_dim: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Launcher helpers shared by the encoders
+# Launcher helpers
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch, `kernel[grid](*args, **kwargs)`, described before it runs.
+
+    Each launcher builds its launches with a `*_launches` function and then runs them; kernels/compile_check.py
+    compiles the same descriptions for a GPU it does not have, so both see the same signature and constexprs.
+    """
+
+    kernel: triton.JITFunction  # an InterpretedFunction under TRITON_INTERPRET=1
+    grid: tuple[int, ...]
+    args: tuple
+    kwargs: dict = field(default_factory=dict)  # constexprs and launch options (num_warps)
+
+    def __call__(self):
+        """Run it; returns Triton's compiled kernel on a GPU (its registers and spills as the driver loaded it)."""
+        return self.kernel[self.grid](*self.args, **self.kwargs)
+
 
 
 def quant_outputs(spec: QuantRows, shape: tuple[int, int, int, int], device: torch.device, prefix: str = ""):
