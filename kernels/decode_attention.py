@@ -10,10 +10,16 @@ row layout x[b*r + n] = (sum_j M[j, n] row[b*k + j]) @ Q.T (kernels/layout.py):
 so a DCT tier touches k/r of the rows per token and a rotation tier never leaves the rotated domain.
 Raw values are rotated into the value domain once (they are few).
 
-Triton (flash-decoding): grid (B * Hkv, splits); every program runs an online softmax over its
-split's tiles for all G*T query rows of one KV head (GQA: query head = kv head * G + g) and writes a
-partial (max, sum, acc); the raw segments are one more launch of the same kernel with r = k = 1 and
-raw loads; `_combine_kernel` merges the partials. The torch reference streams the same math chunk
+Triton (flash-decoding): grid (B * Hkv, splits, query-row programs); every program runs an online
+softmax over its split's tiles for up to MAX_QUERY_ROWS of the G*T query rows of one KV head (GQA: query
+head = kv head * G + g) and writes a partial (max, sum, acc); the raw segments are one more launch of
+the same kernel with r = k = 1 and raw loads; `_combine_kernel` merges the partials. A tile is BLOCK_NB
+blocks: row j of its 8 blocks is dequantized in registers (8 x D float32 per side), then meets the query
+rows in tl.dot on float32 with input_precision="ieee" (CUDA-core FMAs, float32 exact; 8 is the smallest
+k it takes, and m, the query rows, may be 1). No software pipelining (num_stages=1): the loads feed
+dequantization, not the dot, and pipelining them doubled the registers and spilled (measured with
+python -m kernels.compile_check, whose CSV assets/kernels-resources.csv lists every configuration); the
+6 to 12 programs an SM then holds hide the latency. The torch reference streams the same math chunk
 by chunk (CHUNK_TOKENS), so it also never holds more than one chunk of dequantized rows, and it
 additionally takes a mask (any T, padding, causal prefill); the Triton path runs without a mask.
 """
@@ -30,58 +36,16 @@ import triton.language as tl
 from codeckv.codecs.layout import Codec, Encoded, NoRowLayout, QuantRows, RowLayout, slice_encoded
 
 from .layout import basis, layout_of, levels, rotation, rows, synthesis_basis, tensors
-from .triton_helpers import load_rows, pow2, quant_meta, row_strides
+from .segments import Coded, Raw, Segment, geometry, value_rotation
+from .triton_helpers import Launch, load_rows, pow2, quant_meta, row_strides
 
 CHUNK_TOKENS = 1024  # tokens per step of the reference (rounded to whole blocks)
-TILE_ELEMENTS = 4096  # elements of the largest per-tile broadcast product (about 100-150 registers)
-NUM_WARPS = 4  # ptxas on sm_90: no spills, 3-4 programs per SM for the tiers in codeckv.tiers
+BLOCK_NB = 8  # blocks per tile: the smallest k tl.dot takes for float32 (module docstring)
+NUM_WARPS = 4
+MAX_QUERY_ROWS = 16  # query rows per program; a KV head with more (G * T > 16) takes several programs per tile
+COMBINE_SPLITS = 32  # partial slots the combine reads at once
 TARGET_PROGRAMS = 1024  # splits are chosen so that B * Hkv * splits reaches about this many programs
 LOG2E = 1.4426950408889634
-
-
-@dataclass(frozen=True)
-class Coded:
-    """An archived span: keys and values exactly as their codecs stored them."""
-
-    key_codec: Codec
-    keys: Encoded  # shape (B, Hkv, n, D)
-    value_codec: Codec
-    values: Encoded  # shape (B, Hkv, n, Dv)
-
-    @property
-    def tokens(self) -> int:
-        return self.keys.shape[2]
-
-
-@dataclass(frozen=True)
-class Raw:
-    """A span of full-precision tokens."""
-
-    keys: torch.Tensor  # (B, Hkv, n, D)
-    values: torch.Tensor  # (B, Hkv, n, Dv)
-
-    @property
-    def tokens(self) -> int:
-        return self.keys.shape[2]
-
-
-Segment = Coded | Raw
-
-
-def _geometry(segments: list[Segment]) -> tuple[int, int]:
-    """(KV heads, value head_dim) shared by every segment."""
-    if not segments:
-        raise ValueError("decode_attention: expected at least one segment (Coded or Raw), got none")
-    return segments[0].keys.shape[1], segments[0].values.shape[-1]  # tensors and Encoded both carry .shape
-
-
-def _value_rotation(segments: list[Segment], dv: int, device: torch.device) -> torch.Tensor | None:
-    """Q of the values' domain (the coded values' rotation), shared by every Coded segment; None if unrotated."""
-    layouts = [_RowReader.of(s.value_codec).layout for s in segments if isinstance(s, Coded)]
-    rotations = {layout.rotation for layout in layouts}
-    if len(rotations) > 1:
-        raise ValueError(f"decode_attention: Coded segments disagree on the value rotation ({rotations})")
-    return rotation(layouts[0], dv, device) if layouts else None
 
 
 @dataclass(frozen=True)
@@ -176,12 +140,12 @@ def decode_attention_ref(
     S = the segments' tokens in order. Peak extra memory is one chunk of rows, not the (S, D) tensors.
     """
     b, hq, t, d = query.shape
-    hkv, dv = _geometry(segments)
+    hkv, dv = geometry(segments)
     g = hq // hkv
     scale = d**-0.5 if scale is None else scale
     device = query.device
     q = query.float().reshape(b, hkv, g, t, d)
-    v_rot = _value_rotation(segments, dv, device)
+    v_rot = value_rotation(segments, dv, device)
     bias = _bias(mask, b, hkv, g, t)
     state = _OnlineSoftmax((b, hkv, g, t), dv, device)
     pos = 0
@@ -221,21 +185,22 @@ def decode_attention_ref(
 # Triton
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nq", "rows_p", "n_blocks", "blocks_per_split", "split_base", "n_split_total"])
 def _decode_attention_kernel(
-    q_ptr,  # (B, Hkv, NQ, D) float32 query rows, contiguous, in the key domain (rotated when the keys are)
+    q_ptr,  # (B, Hkv, nq, D) float32 query rows, contiguous, in the key domain (rotated when the keys are)
     k_rows, k_scale, k_offset, k_lut,  # keys: codes | raw rows; fp16 scale; fp16 zero; Lloyd-Max levels
     k_sb, k_sh, k_sr, ks_sb, ks_sh, ks_sr,  # key rows and key scale strides (batch, head, row)
     v_rows, v_scale, v_offset, v_lut,  # values, same roles
     v_sb, v_sh, v_sr, vs_sb, vs_sh, vs_sr,
     basis_ptr,  # (K, R) float32 synthesis basis M ([[1.]] for r = k = 1)
-    m_ptr, l_ptr, acc_ptr,  # partials (B*Hkv, n_split_total, NQ_P) and (B*Hkv, n_split_total, NQ_P, DV_P)
-    n_heads, n_blocks, blocks_per_split,  # Hkv, blocks in this launch, blocks per program
+    m_ptr, l_ptr, acc_ptr,  # partials (B*Hkv, n_split_total, rows_p) and (B*Hkv, n_split_total, rows_p, DV_P)
+    n_heads, nq, rows_p,  # Hkv; query rows per KV head (G * T); the partials' rows (nq padded to whole programs)
+    n_blocks, blocks_per_split,  # blocks in this launch, blocks per program (a multiple of BLOCK_NB)
     split_base, n_split_total,  # this launch's first partial slot, slots per (b, kv head)
     qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
-    NQ: tl.constexpr, NQ_P: tl.constexpr,  # query rows per KV head (G * T), padded
+    NQ_P: tl.constexpr,  # query rows per program (a power of two, at most MAX_QUERY_ROWS)
     D: tl.constexpr, D_P: tl.constexpr, DV: tl.constexpr, DV_P: tl.constexpr,
-    K: tl.constexpr, K_P: tl.constexpr, R: tl.constexpr, R_P: tl.constexpr, BLOCK_NB: tl.constexpr,
+    K: tl.constexpr, R: tl.constexpr, R_P: tl.constexpr, BLOCK_NB: tl.constexpr,  # rows / tokens per block, tile
     K_RAW: tl.constexpr, K_BITS: tl.constexpr, K_GROUP: tl.constexpr, K_PER_CHANNEL: tl.constexpr,
     K_HAS_OFFSET: tl.constexpr, K_LLOYD: tl.constexpr,
     V_RAW: tl.constexpr, V_BITS: tl.constexpr, V_GROUP: tl.constexpr, V_PER_CHANNEL: tl.constexpr,
@@ -248,18 +213,12 @@ def _decode_attention_kernel(
     start = split * blocks_per_split
     end = tl.minimum(start + blocks_per_split, n_blocks)
 
-    qi = tl.arange(0, NQ_P)[:, None]
-    dq = tl.arange(0, D_P)[None, :]
-    q = tl.load(q_ptr + (pid_bh * NQ + qi) * D + dq, mask=(qi < NQ) & (dq < D), other=0.0)
-    q4 = q[:, None, None, :]  # (NQ_P, 1, 1, D_P)
-    jm = tl.arange(0, K_P)[:, None]
-    nm = tl.arange(0, R_P)[None, :]
-    basis = tl.load(basis_ptr + jm * R + nm, mask=(jm < K) & (nm < R), other=0.0)[None, None, :, :]  # (1,1,K_P,R_P)
-
-    j = tl.arange(0, K_P)[None, :, None]  # (1, K_P, 1) row within the block
-    dk = tl.arange(0, D_P)[None, None, :]
-    dv = tl.arange(0, DV_P)[None, None, :]
-    n_tok = tl.arange(0, R_P)[None, None, :]  # (1, 1, R_P) token within the block
+    rows = tl.program_id(2) * NQ_P + tl.arange(0, NQ_P)  # this program's query rows
+    qi = rows[:, None]
+    dk = tl.arange(0, D_P)[None, :]
+    dv = tl.arange(0, DV_P)[None, :]
+    q = tl.load(q_ptr + (pid_bh * nq + qi) * D + dk, mask=(qi < nq) & (dk < D), other=0.0)  # (NQ_P, D_P)
+    n_tok = tl.arange(0, R_P)  # token within a block
     k_base = k_rows + b * k_sb + h * k_sh
     ks_base = b * ks_sb + h * ks_sh
     v_base = v_rows + b * v_sb + h * v_sh
@@ -269,38 +228,44 @@ def _decode_attention_kernel(
     l_i = tl.zeros((NQ_P,), dtype=tl.float32)
     acc = tl.zeros((NQ_P, DV_P), dtype=tl.float32)
     for b0 in range(start, end, BLOCK_NB):
-        blk = b0 + tl.arange(0, BLOCK_NB)[:, None, None]  # (NB, 1, 1)
-        rows = blk * K + j  # (NB, K_P, 1)
-        row_ok = (blk < end) & (j < K)
-        kc = load_rows(k_base, k_scale + ks_base, k_offset + ks_base, k_lut, rows, dk, row_ok & (dk < D),
-                       k_sr, ks_sr, K_RAW, K_BITS, K_GROUP, K_PER_CHANNEL, K_HAS_OFFSET, K_LLOYD)  # (NB, K_P, D_P)
-        qc = tl.sum(q4 * kc[None, :, :, :], axis=3)  # (NQ_P, NB, K_P): q . row
-        s = tl.sum(qc[:, :, :, None] * basis, axis=2)  # (NQ_P, NB, R_P): q . token
-        tok_ok = ((b0 + tl.arange(0, BLOCK_NB)[None, :, None]) < end) & (n_tok < R)
+        blk = b0 + tl.arange(0, BLOCK_NB)  # (NB,) blocks of this tile
+        ok = (blk < end)[:, None]
+        s = tl.zeros((NQ_P, BLOCK_NB, R_P), dtype=tl.float32)
+        for j in range(K):  # q . token n of a block = sum_j (q . row j) M[j, n]: row j of every block at once
+            kc = load_rows(k_base, k_scale + ks_base, k_offset + ks_base, k_lut, blk[:, None] * K + j, dk,
+                           ok & (dk < D), k_sr, ks_sr, K_RAW, K_BITS, K_GROUP, K_PER_CHANNEL, K_HAS_OFFSET,
+                           K_LLOYD)  # (NB, D_P)
+            qc = tl.dot(q, tl.trans(kc), input_precision="ieee")  # (NQ_P, NB)
+            mj = tl.load(basis_ptr + j * R + n_tok, mask=n_tok < R, other=0.0)  # (R_P,)
+            s += qc[:, :, None] * mj[None, None, :]
+        tok_ok = (blk < end)[None, :, None] & (n_tok < R)[None, None, :]
         s = tl.where(tok_ok, s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(tl.max(s, axis=2), axis=1))
         alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None, None])
+        p = tl.math.exp2(s - m_new[:, None, None])  # (NQ_P, NB, R_P)
         l_i = l_i * alpha + tl.sum(tl.sum(p, axis=2), axis=1)
-        pc = tl.sum(p[:, :, None, :] * basis, axis=3)  # (NQ_P, NB, K_P): weights of the rows
-        vc = load_rows(v_base, v_scale + vs_base, v_offset + vs_base, v_lut, rows, dv, row_ok & (dv < DV),
-                       v_sr, vs_sr, V_RAW, V_BITS, V_GROUP, V_PER_CHANNEL, V_HAS_OFFSET, V_LLOYD)  # (NB, K_P, DV_P)
-        acc = acc * alpha[:, None] + tl.sum(tl.sum(pc[:, :, :, None] * vc[None, :, :, :], axis=2), axis=1)
+        acc = acc * alpha[:, None]
+        for j in range(K):  # weighted values: row j of each block weighs sum_n p[n] M[j, n]
+            mj = tl.load(basis_ptr + j * R + n_tok, mask=n_tok < R, other=0.0)
+            pc = tl.sum(p * mj[None, None, :], axis=2)  # (NQ_P, NB)
+            vc = load_rows(v_base, v_scale + vs_base, v_offset + vs_base, v_lut, blk[:, None] * K + j, dv,
+                           ok & (dv < DV), v_sr, vs_sr, V_RAW, V_BITS, V_GROUP, V_PER_CHANNEL, V_HAS_OFFSET,
+                           V_LLOYD)  # (NB, DV_P)
+            acc += tl.dot(pc, vc, input_precision="ieee")
         m_i = m_new
 
-    slot = (pid_bh * n_split_total + split_base + split) * NQ_P
-    qr = tl.arange(0, NQ_P)
-    tl.store(m_ptr + slot + qr, m_i)
-    tl.store(l_ptr + slot + qr, l_i)
-    tl.store(acc_ptr + (slot + qi) * DV_P + tl.arange(0, DV_P)[None, :], acc)
+    slot = (pid_bh * n_split_total + split_base + split) * rows_p
+    tl.store(m_ptr + slot + rows, m_i)
+    tl.store(l_ptr + slot + rows, l_i)
+    tl.store(acc_ptr + (slot + qi) * DV_P + dv, acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nq", "rows_p", "n_split"])
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr,  # partials of _decode_attention_kernel (max in the exp2 domain, sum, weighted values)
-    out_ptr,  # (B*Hkv, NQ, DV) float32
-    n_split,  # partial slots per (b, kv head)
-    NQ: tl.constexpr, NQ_P: tl.constexpr, DV: tl.constexpr, DV_P: tl.constexpr, BLOCK_S: tl.constexpr,
+    out_ptr,  # (B*Hkv, nq, DV) float32
+    nq, rows_p, n_split,  # query rows per KV head, the partials' rows per slot, partial slots per (b, head)
+    DV: tl.constexpr, DV_P: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     row = tl.program_id(1)
@@ -308,7 +273,7 @@ def _combine_kernel(
     sp = tl.arange(0, BLOCK_S)
     m_run = tl.full((BLOCK_S,), float("-inf"), dtype=tl.float32)
     for s0 in range(0, n_split, BLOCK_S):
-        m = tl.load(m_ptr + (base + s0 + sp) * NQ_P + row, mask=s0 + sp < n_split, other=float("-inf"))
+        m = tl.load(m_ptr + (base + s0 + sp) * rows_p + row, mask=s0 + sp < n_split, other=float("-inf"))
         m_run = tl.maximum(m_run, m)
     m_all = tl.max(m_run, axis=0)
     dv = tl.arange(0, DV_P)
@@ -316,12 +281,12 @@ def _combine_kernel(
     o = tl.zeros((DV_P,), dtype=tl.float32)
     for s0 in range(0, n_split, BLOCK_S):
         ok = s0 + sp < n_split
-        slot = (base + s0 + sp) * NQ_P + row
+        slot = (base + s0 + sp) * rows_p + row
         w = tl.where(ok, tl.math.exp2(tl.load(m_ptr + slot, mask=ok, other=float("-inf")) - m_all), 0.0)
         l_run += w * tl.load(l_ptr + slot, mask=ok, other=0.0)
         a = tl.load(acc_ptr + slot[:, None] * DV_P + dv[None, :], mask=ok[:, None], other=0.0)
         o += tl.sum(a * w[:, None], axis=0)
-    tl.store(out_ptr + (pid_bh * NQ + row) * DV + dv, o / tl.sum(l_run, axis=0), mask=dv < DV)
+    tl.store(out_ptr + (pid_bh * nq + row) * DV + dv, o / tl.sum(l_run, axis=0), mask=dv < DV)
 
 
 def decode_attention_supported(segments: list[Segment]) -> bool:
@@ -345,12 +310,6 @@ def _splits(n_blocks: int, block_nb: int, programs_per_split: int, num_splits: i
     return per_split, triton.cdiv(n_blocks, per_split)
 
 
-def _block_nb(nq_p: int, k_p: int, r_p: int, d_p: int) -> int:
-    """Blocks per tile so that the (NQ_P, NB, K_P, max(D_P, R_P)) products stay within TILE_ELEMENTS."""
-    nb = max(1, TILE_ELEMENTS // (nq_p * k_p * max(d_p, r_p)))
-    return 1 << (nb.bit_length() - 1)
-
-
 @dataclass(frozen=True)
 class _Stream:
     """One side (keys or values) of a launch, as _decode_attention_kernel reads it."""
@@ -372,6 +331,69 @@ class _Stream:
         return [self.rows, scale, zero, table, *row_strides(self.rows), *row_strides(scale)]
 
 
+def decode_attention_launches(
+    query: torch.Tensor, segments: list[Segment], scale: float | None = None, num_splits: int | None = None
+) -> tuple[list[Launch], torch.Tensor]:
+    """The launches of decode_attention_triton, in order, and the (B*Hkv, NQ, Dv) float32 output the last fills
+    (the weighted values in the values' domain: decode_attention_triton rotates them back)."""
+    if not decode_attention_supported(segments):
+        raise ValueError("decode_attention_triton: these segments need the reference (see decode_attention_supported)")
+    b, hq, t, d = query.shape
+    hkv, dv = geometry(segments)
+    nq = hq // hkv * t
+    nq_p, d_p, dv_p = min(pow2(nq), MAX_QUERY_ROWS), pow2(d), pow2(dv)
+    row_programs = triton.cdiv(nq, nq_p)  # programs sharing a tile, each with nq_p query rows
+    rows_p = row_programs * nq_p
+    device = query.device
+    scale = d**-0.5 if scale is None else scale
+    q = query.float().reshape(b, hkv, nq, d)  # query head = kv head * G + g: rows g-major, then t
+    v_rot = value_rotation(segments, dv, device)
+
+    sources = []  # (query rows in the key domain, key stream, value stream, basis M, blocks, wanted splits)
+    for seg in segments:
+        if isinstance(seg, Coded) and seg.tokens:
+            kl, vl = layout_of(seg.key_codec), layout_of(seg.value_codec)
+            k_rot = rotation(kl, d, device)
+            qk = q if k_rot is None else q @ k_rot
+            sources.append((qk, _Stream.coded(kl, seg.keys), _Stream.coded(vl, seg.values), basis(kl, device),
+                            seg.tokens // kl.block, num_splits))
+    raws = [seg for seg in segments if isinstance(seg, Raw) and seg.tokens]
+    if raws:  # one more launch over every raw token, values rotated into the value domain
+        keys = torch.cat([seg.keys for seg in raws], dim=2)
+        values = torch.cat([seg.values for seg in raws], dim=2).float()
+        values = values if v_rot is None else values @ v_rot
+        sources.append((q, _Stream(keys, None, None, None), _Stream(values, None, None, None),
+                        synthesis_basis(1, 1, device), keys.shape[2], None))
+
+    plans = []  # source + (blocks per split, splits)
+    for source in sources:
+        n_blocks, wanted = source[4:]
+        plans.append((*source[:5], *_splits(n_blocks, BLOCK_NB, b * hkv * row_programs, wanted)))
+    total = sum(plan[-1] for plan in plans)
+    part_m = torch.empty((b * hkv, total, rows_p), dtype=torch.float32, device=device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty((b * hkv, total, rows_p, dv_p), dtype=torch.float32, device=device)
+
+    launches = []
+    slot = 0
+    for qk, keys, values, m, n_blocks, per_split, n_split in plans:
+        k, r = m.shape
+        launches.append(Launch(_decode_attention_kernel, (b * hkv, n_split, row_programs), (
+            qk.contiguous(), *keys.args(device), *values.args(device), m, part_m, part_l, part_acc,
+            hkv, nq, rows_p, n_blocks, per_split, slot, total, scale * LOG2E,
+        ), dict(
+            NQ_P=nq_p, D=d, D_P=d_p, DV=dv, DV_P=dv_p, K=k, R=r, R_P=pow2(r),
+            BLOCK_NB=BLOCK_NB, **quant_meta(keys.spec, "K_"), **quant_meta(values.spec, "V_"),
+            num_warps=NUM_WARPS, num_stages=1,  # no software pipelining (module docstring)
+        )))
+        slot += n_split
+
+    out = torch.empty((b * hkv, nq, dv), dtype=torch.float32, device=device)
+    launches.append(Launch(_combine_kernel, (b * hkv, nq), (part_m, part_l, part_acc, out, nq, rows_p, total),
+                           dict(DV=dv, DV_P=dv_p, BLOCK_S=COMBINE_SPLITS)))
+    return launches, out
+
+
 def decode_attention_triton(
     query: torch.Tensor, segments: list[Segment], scale: float | None = None, num_splits: int | None = None
 ) -> torch.Tensor:
@@ -379,58 +401,12 @@ def decode_attention_triton(
 
     num_splits: splits of the coded span (default: enough for about TARGET_PROGRAMS programs).
     """
-    if not decode_attention_supported(segments):
-        raise ValueError("decode_attention_triton: these segments need the reference (see decode_attention_supported)")
-    b, hq, t, d = query.shape
-    hkv, dv = _geometry(segments)
-    nq = hq // hkv * t
-    nq_p, d_p, dv_p = pow2(nq), pow2(d), pow2(dv)
-    device = query.device
-    scale = d**-0.5 if scale is None else scale
-    q = query.float().reshape(b, hkv, nq, d)  # query head = kv head * G + g: rows g-major, then t
-    v_rot = _value_rotation(segments, dv, device)
-
-    launches = []  # (query rows in the key domain, key stream, value stream, basis M, blocks, wanted splits)
-    for seg in segments:
-        if isinstance(seg, Coded) and seg.tokens:
-            kl, vl = layout_of(seg.key_codec), layout_of(seg.value_codec)
-            k_rot = rotation(kl, d, device)
-            qk = q if k_rot is None else q @ k_rot
-            launches.append((qk, _Stream.coded(kl, seg.keys), _Stream.coded(vl, seg.values), basis(kl, device),
-                             seg.tokens // kl.block, num_splits))
-    raws = [seg for seg in segments if isinstance(seg, Raw) and seg.tokens]
-    if raws:  # one more launch over every raw token, values rotated into the value domain
-        keys = torch.cat([seg.keys for seg in raws], dim=2)
-        values = torch.cat([seg.values for seg in raws], dim=2).float()
-        values = values if v_rot is None else values @ v_rot
-        launches.append((q, _Stream(keys, None, None, None), _Stream(values, None, None, None),
-                         synthesis_basis(1, 1, device), keys.shape[2], None))
-
-    plans = []  # launch + (blocks per tile, blocks per split, splits)
+    launches, out = decode_attention_launches(query, segments, scale, num_splits)
     for launch in launches:
-        m, n_blocks, wanted = launch[3:]
-        block_nb = _block_nb(nq_p, pow2(m.shape[0]), pow2(m.shape[1]), max(d_p, dv_p))
-        plans.append((*launch[:5], block_nb, *_splits(n_blocks, block_nb, b * hkv, wanted)))
-    total = sum(plan[-1] for plan in plans)
-    part_m = torch.empty((b * hkv, total, nq_p), dtype=torch.float32, device=device)
-    part_l = torch.empty_like(part_m)
-    part_acc = torch.empty((b * hkv, total, nq_p, dv_p), dtype=torch.float32, device=device)
-
-    slot = 0
-    for qk, keys, values, m, n_blocks, block_nb, per_split, n_split in plans:
-        k, r = m.shape
-        _decode_attention_kernel[(b * hkv, n_split)](
-            qk.contiguous(), *keys.args(device), *values.args(device), m, part_m, part_l, part_acc,
-            hkv, n_blocks, per_split, slot, total, scale * LOG2E,
-            NQ=nq, NQ_P=nq_p, D=d, D_P=d_p, DV=dv, DV_P=dv_p, K=k, K_P=pow2(k), R=r, R_P=pow2(r),
-            BLOCK_NB=block_nb, **quant_meta(keys.spec, "K_"), **quant_meta(values.spec, "V_"),
-            num_warps=NUM_WARPS,
-        )
-        slot += n_split
-
-    out = torch.empty((b * hkv, nq, dv), dtype=torch.float32, device=device)
-    _combine_kernel[(b * hkv, nq)](part_m, part_l, part_acc, out, total,
-                                   NQ=nq, NQ_P=nq_p, DV=dv, DV_P=dv_p, BLOCK_S=min(64, pow2(total)))
+        launch()
+    b, hq, t, _ = query.shape
+    hkv, dv = geometry(segments)
+    v_rot = value_rotation(segments, dv, query.device)
     if v_rot is not None:
         out = out @ v_rot.T
     return out.reshape(b, hq, t, dv).to(query.dtype)

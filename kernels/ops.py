@@ -23,14 +23,7 @@ from codeckv.codecs.layout import Codec, Encoded, NoRowLayout, RowLayout
 from .codes_cpu import codes_status
 from .dct_decode import dct_decode_ref, dct_decode_supported, dct_decode_triton
 from .dct_encode import dct_encode_ref, dct_encode_supported, dct_encode_triton
-from .decode_attention import (
-    Coded,
-    Raw,
-    Segment,
-    decode_attention_ref,
-    decode_attention_supported,
-    decode_attention_triton,
-)
+from .decode_attention import decode_attention_ref, decode_attention_supported, decode_attention_triton
 from .decode_attention_torch import (
     decode_attention_torch,
     decode_attention_torch_compiled,
@@ -39,6 +32,7 @@ from .decode_attention_torch import (
 from .dequant_rotate import dequant_rotate_ref, dequant_rotate_supported, dequant_rotate_triton
 from .layout import layout_of
 from .rotate_quant import rotate_quant_ref, rotate_quant_supported, rotate_quant_triton
+from .segments import Coded, Raw, Segment
 
 __all__ = [  # re-exported by kernels/__init__.py
     "Coded",

@@ -8,11 +8,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import kernels.coded_side as coded_side
 import kernels.decode_attention_torch as fast
 from codeckv.codecs import DCT, GroupQuant
 from codeckv.tiers import TIERS, custom_tier
 from kernels import Coded, Raw, ops
-from kernels.decode_attention import decode_attention_ref, decode_attention_supported, decode_attention_triton
+from kernels.decode_attention import (
+    MAX_QUERY_ROWS,
+    decode_attention_ref,
+    decode_attention_supported,
+    decode_attention_triton,
+)
 from kernels.decode_attention_torch import decode_attention_torch, decode_attention_torch_supported
 from kernels.layout import layout_of
 
@@ -92,6 +98,17 @@ def test_triton_several_queries_per_row_and_raw_only(random_kv):
                                atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.parametrize("tier", ["turbo-4", "jpeg-k2-int8"])
+def test_triton_splits_many_query_rows_over_programs(tier, random_kv):
+    """G * T = 20 query rows per KV head (a multi-query model), more than one program holds: two per tile."""
+    assert MAX_QUERY_ROWS < 20
+    codecs = TIERS[tier]
+    segments = _segments(codecs.key, codecs.value, 64, 1, 1, 2, 1, 3, random_kv)
+    query = random_kv((1, 10, 2, 64), seed=13)
+    torch.testing.assert_close(decode_attention_triton(query, segments, num_splits=2),
+                               _materialized(query, segments, None), atol=ATOL, rtol=RTOL)
+
+
 @pytest.mark.parametrize("tier", ["png", "turbo-4", "jpeg-k2-int8"])
 def test_reference_with_causal_and_padding_masks(tier, random_kv):
     codecs = TIERS[tier]
@@ -135,7 +152,7 @@ def test_png_needs_the_reference_and_the_public_op_picks_it(random_kv):
 
 def test_fast_path_runs_inside_and_outside_inference_mode(random_kv, monkeypatch):
     """Its reused scratch buffers are first made inside inference mode, then written outside it (and back)."""
-    monkeypatch.setattr(fast, "_SCRATCH", fast._Scratch())
+    monkeypatch.setattr(coded_side, "SCRATCH", coded_side.Scratch())
     codecs = TIERS["turbo-4"]
     segments = _segments(codecs.key, codecs.value, 64, 1, 2, 2, 0, 3, random_kv)
     query = random_kv((1, 4, 1, 64), seed=12)
