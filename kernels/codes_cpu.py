@@ -13,11 +13,12 @@ decode_attention_torch's row path (rows() then a matmul): the same numbers up to
 reads 4 D bytes of float32 rows per token and side, this kernel reads the D b / 8 bytes of b-bit codes
 and turns them into levels in registers.
 
-The C file is compiled once per machine with the C compiler found (`$CC`, else `cc`), `-O3
--march=native`, into the codeckv cache (CODECKV_CACHE, default ~/.cache/codeckv) under a name
-holding a hash of the source, the flags and the CPU's feature flags, so a copied cache never runs
-code built for another CPU. No compiler, a failed build or CODECKV_CPU_KERNEL=0: the torch path,
-and codes_status() says why. Called with torch.inference_mode or not alike; ctypes releases the GIL.
+The C files (SOURCES: codes_cpu.h says which holds what) are compiled together once per machine with
+the C compiler found (`$CC`, else `cc`), `-O3 -march=native`, into the codeckv cache (CODECKV_CACHE,
+default ~/.cache/codeckv) under a name holding a hash of the sources, the flags and the CPU's feature
+flags, so a copied cache never runs code built for another CPU. No compiler, a failed build or
+CODECKV_CPU_KERNEL=0: the torch path, and codes_status() says why. Called with torch.inference_mode
+or not alike; ctypes releases the GIL.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ from codeckv.codecs.layout import QuantRows
 
 from .layout import levels
 
-SOURCE = Path(__file__).with_suffix(".c")
+SOURCE = Path(__file__).with_suffix(".c")  # the entry points; the header and the other files beside it
+HEADER = SOURCE.with_suffix(".h")
+SOURCES = (SOURCE, SOURCE.with_name("codes_loops_avx2.c"), SOURCE.with_name("codes_loops_portable.c"),
+           SOURCE.with_name("codes_decode.c"))
 FLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 120
 MAX_ROWS = 64  # query rows per KV head the kernel takes (a decode step has G * T; a long prefill chunk uses torch)
@@ -105,7 +109,11 @@ def build(flags: tuple[str, ...]) -> tuple[ctypes.CDLL | None, str]:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return None, "torch (no C compiler: install gcc or clang, or set CC)"
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(flags).encode(), _cpu_flags().encode(),
+    try:
+        text = [path.read_bytes() for path in (HEADER, *SOURCES)]
+    except OSError as err:  # an installed wheel without the header (package-data) cannot build it
+        return None, f"torch ({SOURCE.name}'s sources are incomplete here: {err})"
+    key = hashlib.sha256(b"\0".join([*text, " ".join(flags).encode(), _cpu_flags().encode(),
                                       compiler.encode()])).hexdigest()
     target = _cache_dir() / f"codes_cpu-{platform.machine()}-{key[:16]}.so"
     if not target.exists():
@@ -113,7 +121,7 @@ def build(flags: tuple[str, ...]) -> tuple[ctypes.CDLL | None, str]:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then moved in whole
             built = Path(tmp) / target.name
             try:
-                run = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built), "-lm"],
+                run = subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(built), "-lm"],
                                      capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
             except (OSError, subprocess.TimeoutExpired) as err:
                 return None, f"torch (building {SOURCE.name} failed: {err})"

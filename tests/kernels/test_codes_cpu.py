@@ -24,9 +24,10 @@ from kernels.codes_cpu import (
     codes_supported,
     codes_weighted,
 )
-from kernels.decode_attention import Coded, Raw, decode_attention_ref
+from kernels.decode_attention import decode_attention_ref
 from kernels.decode_attention_torch import decode_attention_torch, decode_attention_torch_compiled
 from kernels.layout import layout_of, rows
+from kernels.segments import Coded, Raw
 
 BUILDS = {"ops": FLAGS, "portable": (*FLAGS, "-DCODES_PORTABLE")}
 SIDES = {
@@ -194,6 +195,15 @@ def test_a_failed_build_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("CODECKV_CACHE", str(tmp_path))
     lib, status = build((*FLAGS, "-DCODES_TEST_FAILS", "-Werror=this-flag-does-not-exist"))
     assert lib is None and status.startswith("torch (building codes_cpu.c failed:"), status
+
+
+def test_the_build_reads_every_c_file_and_the_header(monkeypatch, tmp_path):
+    """Every .c and .h file in kernels/ is compiled; without one (an install that lost the header) the torch path."""
+    folder = codes_cpu.SOURCE.parent
+    assert {*codes_cpu.SOURCES, codes_cpu.HEADER} == {*folder.glob("*.c"), *folder.glob("*.h")}
+    monkeypatch.setattr(codes_cpu, "HEADER", tmp_path / "codes_cpu.h")
+    lib, status = build((*FLAGS, "-DCODES_TEST_NO_HEADER"))
+    assert lib is None and status.startswith("torch (codes_cpu.c's sources are incomplete here"), status
 
 
 def test_wrong_tensors_are_refused(kernel):
