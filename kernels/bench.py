@@ -24,6 +24,14 @@ repetitions (TIME_BUDGET_S). Methods:
 
 decode_attention rows also give archive_mib (the stored codes and raw tokens the kernels read),
 torch_vs_sdpa (torch ms / native_sdpa ms) and torch_peak_vs_archive (torch peak MiB / archive_mib).
+
+The roofline (kernels/roofline.py), on every row: read_mib, the bytes the op must read (attention: the
+codes, scales, zeros and raw tokens, and the queries; an encoder: the tokens; a decoder: the codes,
+scales and zeros), write_mib, the bytes it must write (an encoder's codes, a decoder's tokens, four
+times what it reads: a bound on reads alone would flatter the decoders), and the time moving both takes
+at the HBM bandwidth of an H200 (4.8 TB/s), an A100 (2.0 TB/s) and a T4 (320 GB/s): h200_bound_ms,
+a100_bound_ms, t4_bound_ms. Where the Triton kernel ran on a GPU whose bandwidth is known,
+triton_vs_roofline = triton ms / that GPU's bound: how far the kernel is from the limit.
 Prints a table and writes CSV to out/kernels-bench-<device>.csv (`--threads N`: torch threads on CPU).
 """
 
@@ -37,6 +45,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,6 +61,7 @@ from .decode_attention import decode_attention_ref, decode_attention_triton
 from .decode_attention_torch import decode_attention_torch
 from .dequant_rotate import dequant_rotate_ref, dequant_rotate_triton
 from .layout import layout_of
+from .roofline import BOUND_GPUS, bound_ms, device_bandwidth
 from .rotate_quant import rotate_quant_ref, rotate_quant_triton
 
 BATCH, KV_HEADS, Q_HEADS, HEAD_DIM = 1, 8, 16, 128
@@ -146,8 +156,20 @@ def _materialized(query: torch.Tensor, segments: list, dtype: torch.dtype) -> to
     return F.scaled_dot_product_attention(query, torch.cat(keys, 2), torch.cat(values, 2), enable_gqa=True)
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """The bytes an op must move at least: read and written (module docstring, the roofline)."""
+
+    read: int
+    written: int
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _cases(tier_name: str, context: int, device: torch.device, dtype: torch.dtype, gpu: bool):
-    """(op, {method: callable}) for one tier and context length."""
+    """(op, {method: callable}, archive MiB or None, Traffic) for one tier and context length."""
     tier = TIERS[tier_name]
     unit = math.lcm(tier.key.block_tokens, tier.value.block_tokens)
     archived = (context - 1) // unit * unit  # the rest is the raw tail, new token included
@@ -164,22 +186,23 @@ def _cases(tier_name: str, context: int, device: torch.device, dtype: torch.dtyp
         "materialized": lambda: _materialized(query, segments, dtype),
         "native_sdpa": lambda: F.scaled_dot_product_attention(query, keys, values, enable_gqa=True),
     }
-    archive = sum(t.numel() * t.element_size() for t in (segments[1].keys, segments[1].values))
-    yield "decode_attention", attention, (segments[0].keys.nbytes + segments[0].values.nbytes + archive) / 2**20
+    archive = segments[0].keys.nbytes + segments[0].values.nbytes + _nbytes(segments[1].keys, segments[1].values)
+    yield "decode_attention", attention, archive / 2**20, Traffic(archive + _nbytes(query), _nbytes(query))
     if context > PREFILL_CHUNK:
         yield "prefill_attention", *_prefill_case(tier, keys, values, device, dtype)
     if layout_of(tier.key).block > 1:  # a DCT tier: the block encoders
         codec, x, enc = tier.key, keys[:, :, :archived], segments[0].keys
         yield "dct_encode", {"triton": (lambda: dct_encode_triton(x, codec)) if gpu else None,
-                             "reference": lambda: dct_encode_ref(x, codec)}, None
+                             "reference": lambda: dct_encode_ref(x, codec)}, None, Traffic(_nbytes(x), enc.nbytes)
         yield "dct_decode", {"triton": (lambda: dct_decode_triton(enc, codec)) if gpu else None,
-                             "reference": lambda: dct_decode_ref(enc, codec)}, None
+                             "reference": lambda: dct_decode_ref(enc, codec)}, None, Traffic(enc.nbytes, _nbytes(x))
     else:
         codec, x, enc = tier.value, values[:, :, :archived], segments[0].values
         yield "rotate_quant", {"triton": (lambda: rotate_quant_triton(x, codec)) if gpu else None,
-                               "reference": lambda: rotate_quant_ref(x, codec)}, None
+                               "reference": lambda: rotate_quant_ref(x, codec)}, None, Traffic(_nbytes(x), enc.nbytes)
         yield "dequant_rotate", {"triton": (lambda: dequant_rotate_triton(enc, codec)) if gpu else None,
-                                 "reference": lambda: dequant_rotate_ref(enc, codec)}, None
+                                 "reference": lambda: dequant_rotate_ref(enc, codec)}, None, Traffic(enc.nbytes,
+                                                                                                    _nbytes(x))
 
 
 def _prefill_case(tier, keys: torch.Tensor, values: torch.Tensor, device: torch.device, dtype: torch.dtype):
@@ -203,8 +226,8 @@ def _prefill_case(tier, keys: torch.Tensor, values: torch.Tensor, device: torch.
         "torch": lambda: decode_attention_torch(query, segments, mask=mask),
         "native_sdpa": lambda: F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True),
     }
-    archive = segments[0].keys.nbytes + segments[0].values.nbytes
-    return methods, (archive + 2 * keys[:, :, archived:].numel() * keys.element_size()) / 2**20
+    archive = segments[0].keys.nbytes + segments[0].values.nbytes + _nbytes(segments[1].keys, segments[1].values)
+    return methods, archive / 2**20, Traffic(archive + _nbytes(query), _nbytes(query))
 
 
 def device_label() -> str:
@@ -225,10 +248,10 @@ def run(lengths: list[int], reps: int, out: Path | None) -> list[dict]:
     with torch.inference_mode():
         for tier_name in TIER_NAMES:
             for context in lengths:
-                for op, methods, archive_mib in _cases(tier_name, context, device, dtype, gpu):
+                for op, methods, archive_mib, traffic in _cases(tier_name, context, device, dtype, gpu):
                     head = {"device": label, "op": op, "tier": tier_name, "context": context, "dtype": str(dtype)[6:],
                             "threads": "n/a" if gpu else torch.get_num_threads()}
-                    rows.append(_measure(meter, head, methods, archive_mib))
+                    rows.append(_measure(meter, head, methods, archive_mib, traffic))
                     _print_row(rows[-1], first=len(rows) == 1)
     if out is None:
         out = Path("out") / f"kernels-bench-{label}.csv"
@@ -241,8 +264,8 @@ def run(lengths: list[int], reps: int, out: Path | None) -> list[dict]:
     return rows
 
 
-def _measure(meter: Meter, head: dict, methods: dict, archive_mib: float | None) -> dict:
-    """One CSV row: every method's median ms and peak MiB, then the archive and the fast path's ratios."""
+def _measure(meter: Meter, head: dict, methods: dict, archive_mib: float | None, traffic: Traffic) -> dict:
+    """One CSV row: every method's median ms and peak MiB, the archive and the fast path's ratios, the roofline."""
     row, measured = dict(head), {}
     for method in METHODS:
         fn = methods.get(method)
@@ -253,17 +276,31 @@ def _measure(meter: Meter, head: dict, methods: dict, archive_mib: float | None)
     row["archive_mib"] = "n/a" if archive_mib is None else f"{archive_mib:.2f}"
     row["torch_vs_sdpa"] = "n/a" if fast[0] is None else f"{fast[0] / sdpa[0]:.3f}"
     row["torch_peak_vs_archive"] = "n/a" if fast[0] is None else f"{fast[1] / archive_mib:.3f}"
+    return row | _roofline(traffic, measured["triton"][0], head["device"])
+
+
+def _roofline(traffic: Traffic, triton_ms: float | None, device: str) -> dict:
+    """The roofline columns: bytes read and written, the time they take per GPU, and the Triton time over it."""
+    moved = traffic.read + traffic.written
+    row = {"read_mib": f"{traffic.read / 2**20:.3f}", "write_mib": f"{traffic.written / 2**20:.3f}"}
+    row |= {f"{gpu}_bound_ms": f"{bound_ms(moved, gpu):.4g}" for gpu in BOUND_GPUS}
+    bandwidth = device_bandwidth(device)
+    known = triton_ms is not None and bandwidth is not None
+    row["triton_vs_roofline"] = f"{triton_ms / (moved / bandwidth * 1e3):.2f}" if known else "n/a"
     return row
 
 
 def _print_row(row: dict, first: bool) -> None:
     cells = [f"{row['op']:<16}", f"{row['tier']:<13}", f"{row['context']:>7}"]
     cells += [f"{row[f'{m}_ms']:>11}" for m in METHODS] + [f"{row[f'{m}_peak_mib']:>11}" for m in METHODS]
-    cells += [f"{row['archive_mib']:>11}", f"{row['torch_vs_sdpa']:>9}"]
+    cells += [f"{row['archive_mib']:>11}", f"{row['torch_vs_sdpa']:>9}", f"{row['read_mib']:>9}",
+              f"{row['write_mib']:>9}", *(f"{row[f'{gpu}_bound_ms']:>9}" for gpu in BOUND_GPUS),
+              f"{row['triton_vs_roofline']:>8}"]
     if first:
         head = [f"{'op':<16}", f"{'tier':<13}", f"{'context':>7}"]
         head += [f"{m[:8] + ' ms':>11}" for m in METHODS] + [f"{m[:7] + ' MiB':>11}" for m in METHODS]
-        head += [f"{'arch MiB':>11}", f"{'tch/sdpa':>9}"]
+        head += [f"{'arch MiB':>11}", f"{'tch/sdpa':>9}", f"{'read MiB':>9}", f"{'wrt MiB':>9}",
+                 *(f"{gpu.upper() + ' ms':>9}" for gpu in BOUND_GPUS), f"{'tri/roof':>8}"]
         print(f"device {row['device']}, B={BATCH} KV heads={KV_HEADS} Q heads={Q_HEADS} head_dim={HEAD_DIM} "
               f"{row['dtype']}, threads {row['threads']}; median ms and peak extra MiB per call; "
               f"codes on the CPU: {codes_status()}")

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The GPU check in one command. It has not run on a GPU yet (no GPU was available); the dry run is tested on CPU.
-#   scripts/gpu_check.sh             on a CUDA machine: set up, the Triton kernel tests on the GPU, kernels.bench up
-#                                    to 64k, prefill timing and a short bf16 side-by-side on the embedded model; every
-#                                    CSV goes under assets/ with the GPU's name, e.g. assets/kernels-bench-nvidia-h200.csv
-#   scripts/gpu_check.sh --dry-run   the same steps, small, on CPU (Triton through its interpreter): checks the script;
-#                                    CSVs under out/gpu-check-dry/
+# The GPU check in one command. It has not run on a GPU yet (none was available); --dry-run runs on CPU and
+# tests/kernels/test_gpu_check.py checks the script without running it.
+#   scripts/gpu_check.sh             on a CUDA machine: set up, the Triton kernel tests on the GPU, the kernels'
+#                                    registers and spills as compiled (kernels.compile_check) and as the driver loaded
+#                                    them (kernels.device_check), kernels.bench up to 64k with its roofline columns,
+#                                    prefill timing and a short bf16 side-by-side on the embedded model; every CSV goes
+#                                    under assets/ with the GPU's name, e.g. assets/kernels-bench-nvidia-h200.csv
+#   scripts/gpu_check.sh --dry-run   the same steps, small, on CPU (Triton through its interpreter; the compile check
+#                                    on a subset; no device check): checks the script; CSVs under out/gpu-check-dry/
 # Environment: PYTHON=/path/to/python runs with that interpreter instead of scripts/setup.sh's .venv (a machine without
-# network that already has the requirements). Each step has a time limit (8 minutes in all after set-up); a failing
-# step is reported and the next one still runs; the exit status is 1 if any step failed.
+# network that already has the requirements). Each step has a time limit, generous for a cold machine's first Triton
+# compilations (at most 26 minutes in all after set-up, a few on a warm one); a failing step is reported and the next
+# one still runs; the exit status is 1 if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -36,6 +40,7 @@ if [ "$dry" = 1 ]; then
   label=cpu-dry-run
   tests=(tests/kernels/test_rotate_quant.py tests/kernels/test_decode_attention.py -k "turbo-4 and one-row")
   bench=(--lengths 1024 --reps 2)
+  compile=(--tiers turbo-4 --head-dims 64 --query-rows 1 --dtypes bfloat16 --archs 90)
   prefill=(--tokens 128 --reps 1 --tiers turbo-4 jpeg-k8-int8)
   latency=(--context 128 --tokens 4 --tiers turbo-4)
   memory=(--contexts 128 --new-tokens 4 --tiers turbo-4)
@@ -49,6 +54,7 @@ else
   label=$("$PY" -c "from kernels.bench import device_label; print(device_label())")
   tests=(tests/kernels)
   bench=(--lengths "1024,4096,16384,65536" --reps 20)
+  compile=()
   prefill=(--tokens 1024 4096 --reps 3)
   latency=(--context 1024 --tokens 64 --tiers turbo-4)
   memory=(--contexts 1024 4096 8192 --new-tokens 64 --tiers turbo-4 pca-8x)
@@ -76,8 +82,14 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, '| triton', triton
 print('device:', torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 command -v nvidia-smi >/dev/null && [ "$dry" = 0 ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 
-step "kernel tests, TRITON_INTERPRET=$TRITON_INTERPRET" 150 \
+step "kernel tests, TRITON_INTERPRET=$TRITON_INTERPRET" 420 \
   "$PY" -m pytest -q -p no:cacheprovider "${tests[@]}"
+step "compile check: registers, spills, occupancy for sm_80 and sm_90" 300 \
+  env TRITON_INTERPRET=0 "$PY" -m kernels.compile_check "${compile[@]}" --out "$out/kernels-resources-$label.csv"
+if [ "$dry" = 0 ]; then
+  step "device check: the driver's registers and spills against the compile check's" 180 \
+    "$PY" -m kernels.device_check --out "$out/kernels-resources-check-$label.csv"
+fi
 step "kernels.bench" 180 \
   "$PY" -m kernels.bench "${bench[@]}" --out "$out/kernels-bench-$label.csv"
 step "prefill + archiving vs native" 90 \
