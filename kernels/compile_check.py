@@ -85,7 +85,7 @@ HEAD_DIMS = (64, 128)
 QUERY_ROWS = (*range(1, 9), 16, 64)  # G * T query rows per KV head of a decode step (module docstring)
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 KV_HEADS, ARCHIVED, RAW_TAIL = 2, 512, 3  # sizes of the launches described (they stand for every size)
-TARGET_REGISTERS = 128  # a row above this, or with any spill, says why in `note`
+TARGET_REGISTERS = 128  # a row above this, or with any spill, says so in `note`
 OUT = Path("assets") / "kernels-resources.csv"
 KERNELS = ("_decode_attention_kernel", "_combine_kernel", "_dct_encode_kernel", "_dct_decode_kernel",
            "_rotate_quant_kernel", "_dequant_rotate_kernel")  # every Triton kernel in kernels/

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,11 @@ def test_every_kernel_compiles_for_both_architectures(table):
                              SM_LIMITS[int(row["arch"][3:])])
         assert (int(row["programs_per_sm"]), int(row["warps_per_sm"]), row["limited_by"]) == (
             occupied.programs, occupied.warps, occupied.limited_by), row
+
+
+def test_it_knows_every_triton_kernel_in_the_package():
+    source = "\n".join(path.read_text() for path in (ROOT / "kernels").glob("*.py"))
+    assert set(re.findall(r"@triton\.jit(?:\(.*\))?\ndef (_\w+_kernel)\(", source)) == set(compile_check.KERNELS)
 
 
 def test_decode_attention_of_the_target_tiers_has_no_spill_and_at_most_128_registers(table):
