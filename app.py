@@ -9,7 +9,7 @@ over a turn, against native, by context length).
 
 from __future__ import annotations
 
-from codeckv.zerogpu import gpu  # first: on ZeroGPU `spaces` patches torch before anything touches CUDA
+from codeckv.serve.zerogpu import gpu  # first: on ZeroGPU `spaces` patches torch before anything touches CUDA
 
 # isort: split
 import os
@@ -17,12 +17,19 @@ from pathlib import Path
 
 import gradio as gr
 
+from codeckv.cache.schedule import MAX_SCHEDULE_CHARS
 from codeckv.corpus import corpus_text
-from codeckv.formatting import (
+from codeckv.figures.plots import needle_figure
+from codeckv.measure.chat import ChatSession
+from codeckv.measure.needle import as_dicts as needle_dicts
+from codeckv.measure.peers import PEERS, absent_reason
+from codeckv.measure.table import write_csv
+from codeckv.models import DEFAULT_MODEL
+from codeckv.serve.formatting import (
     model_markdown,
 )
-from codeckv.guard import guarded
-from codeckv.inputs import (
+from codeckv.serve.guard import guarded
+from codeckv.serve.inputs import (
     BITS_CHOICES,
     CACHE_FILE_TYPES,
     DOCUMENTS,
@@ -33,17 +40,10 @@ from codeckv.inputs import (
     whole,
     with_document,
 )
-from codeckv.limits import Limits, StopFlag, release_memory
-from codeckv.measure.chat import ChatSession
-from codeckv.measure.needle import as_dicts as needle_dicts
-from codeckv.measure.table import write_csv
-from codeckv.models import DEFAULT_MODEL
-from codeckv.peers import PEERS, absent_reason
-from codeckv.plots import needle_figure
-from codeckv.pool import POOL
-from codeckv.reports import Reports
-from codeckv.schedule import MAX_SCHEDULE_CHARS
-from codeckv.service import (
+from codeckv.serve.limits import Limits, StopFlag, release_memory
+from codeckv.serve.pool import POOL
+from codeckv.serve.reports import Reports
+from codeckv.serve.service import (
     DOWNLOAD_GPU_SECONDS,
     INSPECT_GPU_SECONDS,
     LONG_GPU_SECONDS,
@@ -81,7 +81,7 @@ INSTALLED_PEERS = [name for name, peer in PEERS.items() if absent_reason(peer) i
 EXAMPLES = [line for line in (Path(__file__).parent / "assets" / "examples.txt").read_text().splitlines() if line]
 LONG_EXAMPLE = ["What does the finally clause do? Answer in two sentences.", next(iter(DOCUMENTS))]
 INSPECT_TEXT = corpus_text()[:1500]  # ~370 tokens of the Python reference: enough blocks to see spectra
-LIMITS = Limits.from_env()  # the operator's per-request budgets (codeckv/limits.py); requests read them afresh
+LIMITS = Limits.from_env()  # the operator's per-request budgets (codeckv/serve/limits.py); requests read them afresh
 REPORTS = Reports(keep=16)  # sweep and needle downloads of this process
 CACHE_FILES = Reports(keep=4, prefix="codeckv-caches-")  # downloaded codec caches: large, so only the newest 4
 

@@ -6,8 +6,8 @@
     loaded.model.generate(input_ids, cache=cache, max_new_tokens=64)
     print(cache.footprint().ratio)                          # archive bytes / bf16 cache bytes
     cache = make_cache(loaded, "pca-8x")                    # PCA tiers: calibrated once per model, cached on disk
-    cache = make_cache(loaded, "turbo-4", per_layer={1: "int8"})   # a tier per layer (codeckv/schedule.py)
-    cache.save("chat.kvc", token_ids, loaded)               # a versioned safetensors file (codeckv/saved.py)
+    cache = make_cache(loaded, "turbo-4", per_layer={1: "int8"})   # a tier per layer (codeckv/cache/schedule.py)
+    cache.save("chat.kvc", token_ids, loaded)               # a versioned safetensors file (codeckv/cache/saved.py)
     saved = load_cache("chat.kvc", loaded)                  # .cache goes on where it was saved, .token_ids
 
 The names below are imported on first use (PEP 562), so that `kernels`, which reads the codecs'
@@ -19,35 +19,35 @@ import importlib
 __version__ = "0.1.0"  # the one source: pyproject.toml reads it, `codeckv --version` prints it
 
 _HOMES = {
-    "Calibration": "codeckv.calibration",
-    "calibrate": "codeckv.calibration",
-    "calibration_for": "codeckv.calibration",
-    "CodecCache": "codeckv.cache",
-    "footprint": "codeckv.cache",
-    "make_cache": "codeckv.cache",
-    "steady_state_ratio": "codeckv.cache",
+    "Calibration": "codeckv.cache.calibration",
+    "calibrate": "codeckv.cache.calibration",
+    "calibration_for": "codeckv.cache.calibration",
+    "CodecCache": "codeckv.cache.codec_cache",
+    "footprint": "codeckv.cache.codec_cache",
+    "make_cache": "codeckv.cache.codec_cache",
+    "steady_state_ratio": "codeckv.cache.codec_cache",
     "DCT": "codeckv.codecs",
     "Delta": "codeckv.codecs",
     "Encoded": "codeckv.codecs",
     "GroupQuant": "codeckv.codecs",
     "LloydMaxQuant": "codeckv.codecs",
     "Rotation": "codeckv.codecs",
-    "Footprint": "codeckv.footprint",
-    "CodecLayer": "codeckv.layers",
-    "CodedLayer": "codeckv.coded_layer",
+    "Footprint": "codeckv.cache.footprint",
+    "CodecLayer": "codeckv.cache.layers",
+    "CodedLayer": "codeckv.cache.coded_layer",
     "DEFAULT_MODEL": "codeckv.models",
-    "LoadedModel": "codeckv.models",
+    "LoadedModel": "codeckv.loaded",
     "ModelUnavailableError": "codeckv.models",
     "load_model": "codeckv.models",
-    "StackedCache": "codeckv.stacked",
+    "StackedCache": "codeckv.cache.stacked",
     "TIERS": "codeckv.tiers",
     "Tier": "codeckv.tiers",
     "as_tier": "codeckv.tiers",
     "custom_tier": "codeckv.tiers",
     "get_tier": "codeckv.tiers",
-    "SavedCache": "codeckv.saved",
-    "SavedCacheError": "codeckv.saved",
-    "load_cache": "codeckv.saved",
+    "SavedCache": "codeckv.cache.saved",
+    "SavedCacheError": "codeckv.cache.saved",
+    "load_cache": "codeckv.cache.saved",
 }
 __all__ = sorted(_HOMES)
 

@@ -9,7 +9,7 @@ installs requirements.txt only), the same model loads from the hub, or from the 
 Dequantizing a GGUF takes tens of seconds on a laptop CPU, so the first load saves a safetensors copy
 (and the tokenizer) under `$CODECKV_CACHE` (default `~/.cache/codeckv/<name>`);
 later loads read that copy. fp32 on CPU, bf16 on CUDA. Every loaded model attends through
-codeckv.attention: plain SDPA, except on materialization-free codec layers, which it reads in place.
+codeckv.cache.attention: plain SDPA, except on materialization-free codec layers, which it reads in place.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import importlib.util
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import safetensors.torch
@@ -28,7 +28,9 @@ from huggingface_hub import try_to_load_from_cache
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import get_layer_types_and_kwargs
 
-from codeckv.attention import use_codec_attention
+from codeckv.cache.attention import use_codec_attention
+from codeckv.loaded import LoadedModel, ModelInfo
+from codeckv.paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -102,44 +104,6 @@ EMBEDDED = {
 }
 
 
-@dataclass
-class ModelInfo:
-    """What the app and the measurements need to know about a loaded model."""
-
-    name: str
-    source: str  # "converted copy", "gguf", "hub"
-    layer_types: list[str]
-    num_kv_heads: int
-    head_dim: int
-    dtype: str
-    device: str
-    max_context: int
-    load_seconds: float
-    kv_bytes_per_token_bf16: int = field(init=False)  # design.md: 2 x full-attention layers x kv_heads x head_dim x 2
-    native_only_layers: int = field(init=False)  # sliding-window / linear layers, counted separately
-
-    def __post_init__(self) -> None:
-        full = sum(t == "full_attention" for t in self.layer_types)
-        self.kv_bytes_per_token_bf16 = 2 * full * self.num_kv_heads * self.head_dim * 2
-        self.native_only_layers = len(self.layer_types) - full
-
-    @property
-    def codec_layers(self) -> int:
-        return len(self.layer_types) - self.native_only_layers
-
-
-@dataclass
-class LoadedModel:
-    model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
-    info: ModelInfo
-
-
-def cache_dir() -> Path:
-    """Where converted models live: $CODECKV_CACHE, default ~/.cache/codeckv."""
-    return Path(os.environ.get("CODECKV_CACHE", Path.home() / ".cache" / "codeckv"))
-
-
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -181,7 +145,7 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
             "or a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'"
         )
     model = model.to(device).eval()
-    use_codec_attention(model)  # SDPA everywhere, except on materialization-free codec layers (codeckv.attention)
+    use_codec_attention(model)  # SDPA everywhere, except on materialization-free codec layers (codeckv.cache.attention)
     return LoadedModel(model, tokenizer, _describe(name, source, model, time.perf_counter() - start))
 
 

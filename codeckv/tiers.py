@@ -14,7 +14,7 @@ Gaussian, where Lloyd-Max levels with one searched fp16 scale per group win.
 
 The pca tiers code keys and values of a layer together (`joint`, codecs/pca.py): their redundancy lies
 across channels and heads, not along the sequence, and a calibrated per-layer basis finds it. They
-need a calibration per model (codeckv/calibration.py), which the cache loads by itself.
+need a calibration per model (codeckv/cache/calibration.py), which the cache loads by itself.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Tier:
     keep_recent: int = 0  # most recent tokens kept at full precision
     max_rel_error: float = math.inf  # bound on ||decode(encode(x)) - x|| / ||x|| on the test signal
     joint: JointPCA | None = None  # keys and values of a layer coded together (calibrated per model), no key/value
-    per_layer: tuple[tuple[int, Tier], ...] = ()  # (layer index, tier) overriding this tier there (codeckv/schedule.py)
+    per_layer: tuple[tuple[int, Tier], ...] = ()  # (layer index, tier) overriding this tier there (cache/schedule.py)
 
     def __post_init__(self) -> None:
         for side, codec in (("key", self.key), ("value", self.value)):

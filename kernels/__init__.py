@@ -24,7 +24,7 @@ package-level names are bound once kernels.ops is imported (they share names wit
 
 Its name: a checkout imports this folder as `kernels`; the wheel installs it as `codeckv_kernels`,
 leaving `kernels` to the hub's package of that name (its files import each other relatively, so the
-code is the same under both names). codeckv reaches it only through codeckv/kernel_ops.py, which
+code is the same under both names). codeckv reaches it only through codeckv/cache/kernel_ops.py, which
 says why and checks that the package it imports is the one beside codeckv.
 """
 

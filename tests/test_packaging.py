@@ -35,7 +35,7 @@ def test_package_metadata_names_the_licence_and_the_command():
     project = pyproject["project"]
     assert project["license"] == "MIT" and "license: mit" in (ROOT / "README.md").read_text().split("---")[1]
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
-    assert project["scripts"] == {"codeckv": "codeckv.__main__:main"}
+    assert project["scripts"] == {"codeckv": "codeckv.cli:main"}
     assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "codeckv.__version__"}
     assert {"app", "gemma", "dev"} <= set(project["optional-dependencies"])
 

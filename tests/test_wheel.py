@@ -22,12 +22,12 @@ import importlib.metadata, importlib.util, sys
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-import codeckv, codeckv.kernel_ops
+import codeckv, codeckv.cache.kernel_ops
 from codeckv import make_cache
-from codeckv.attention import use_codec_attention
+from codeckv.cache.attention import use_codec_attention
 
 assert codeckv.__file__.startswith(sys.prefix), codeckv.__file__
-assert codeckv.kernel_ops.PACKAGE == "codeckv_kernels", codeckv.kernel_ops.PACKAGE
+assert codeckv.cache.kernel_ops.PACKAGE == "codeckv_kernels", codeckv.cache.kernel_ops.PACKAGE
 # transformers probes the name `kernels` (find_spec, then the distribution's version): the hub's package answers
 spec = importlib.util.find_spec("kernels")
 assert spec.origin.startswith(sys.prefix) and importlib.metadata.version("kernels") == "HUB_KERNELS", spec.origin

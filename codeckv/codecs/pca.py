@@ -1,8 +1,8 @@
 """Joint PCA transform coding of one layer's keys and values (KVTC-style), with entropy-coded codes.
 
 Per token, the keys and values of every KV head of a layer form one vector x of d = H * (D + Dv)
-numbers, keys de-rotated first (RoPE removed, codeckv/rope.py: position-free keys share one basis).
-Calibration (codeckv/calibration.py) gives each layer constants, stored with the model, not per token:
+numbers, keys de-rotated first (RoPE removed, codeckv/codecs/rope.py: position-free keys share one basis).
+Calibration (codeckv/cache/calibration.py) gives each layer constants, stored with the model, not per token:
 
     mean   (d,)     calibration mean
     enc    (d, r)   analysis: y = (x - mean) @ enc           Fisher-whitened PCA basis, r components kept
@@ -35,7 +35,7 @@ from codeckv.codecs.ans import ESCAPE_RANGE, LENGTH_BYTES, STREAM_SLACK_BYTES, E
 from codeckv.codecs.base import Encoded
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rate import HEADER_BYTES, LADDER, NOTHING, SKIP, RateBudget, Spent, ladder_steps
-from codeckv.rope import Rope
+from codeckv.codecs.rope import Rope
 
 SINK_CODEC = GroupQuant(bits=8, group=32)
 COST_LIMIT = 255  # codes beyond +-COST_LIMIT are estimated at their escape's cost: the models' largest M_k
@@ -49,7 +49,7 @@ class JointPCA:
 
     bits_per_element: float  # the budget: stored bits per K/V element, everything counted (codecs/rate.py)
     sink_tokens: int = 1  # positions < sink_tokens are coded apart (8-bit groups)
-    calibration_windows: int = 32  # calibration text: windows x tokens, 16k tokens (codeckv/calibration.py)
+    calibration_windows: int = 32  # calibration text: windows x tokens, 16k tokens (codeckv/cache/calibration.py)
     calibration_length: int = 512
 
     def __post_init__(self) -> None:
@@ -110,7 +110,7 @@ class _Plan:
 def archive_layers(requests: list[tuple]) -> list[tuple[list[Chunk], tuple[torch.Tensor, torch.Tensor]]]:
     """LayerCoder.archive for several layers at once, (coder, keys, values, start, unit, budget, before) each:
     every layer's chunks and decoded (keys, values), as its own archive gives, with one entropy-coding pass
-    over all of their streams (ans.encode_tables: a flush of many layers, codeckv/flush.py)."""
+    over all of their streams (ans.encode_tables: a flush of many layers, codeckv/cache/flush.py)."""
     plans = [coder._plan(*args) for coder, *args in requests]
     streams = encode_tables([(coder.table, plan.parts, plan.shifts) for (coder, *_), plan in zip(requests, plans)])
     results = []

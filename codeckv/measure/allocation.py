@@ -3,7 +3,7 @@
     sens = fisher_sensitivity(loaded, ["turbo-3", "turbo-4", "int8"])     # one forward + backward, seconds
     sens = layer_sensitivity(loaded, ["turbo-3", "turbo-4", "int8"], windows=2, length=256)  # lockstep KLD, slow
     plan = allocate(sens, budget="turbo-4")        # Allocation: a tier per layer, bytes <= uniform turbo-4's
-    cache = make_cache(loaded, plan.tier)          # plan.tier: a per-layer schedule (codeckv/schedule.py)
+    cache = make_cache(loaded, plan.tier)          # plan.tier: a per-layer schedule (codeckv/cache/schedule.py)
     rows = compare_allocation(loaded, plan)        # plan vs uniform turbo-4 on the corpus and the docstrings
 
 Sensitivity of layer i to tier t, two ways; neither reads the held-out docstrings (they only judge the plan):
@@ -12,7 +12,7 @@ Sensitivity of layer i to tier t, two ways; neither reads the held-out docstring
   (`schedule("native", {i: t})`), every probe and native fed the first corpus windows in lockstep
   (measure/quality.py, measure/lockstep.py): the KLD itself, at one probe per (layer, rung), so 90 caches for
   smollm2-135m's 30 layers and 3 rungs.
-- Fisher (fisher_sensitivity): the calibration's yardstick (codeckv/calibration.py). One forward + backward
+- Fisher (fisher_sensitivity): the calibration's yardstick (codeckv/cache/calibration.py). One forward + backward
   of the PCA calibration windows (the end of the corpus) gives each layer's K, V and g = d(summed next-token
   NLL)/d(K, V); the layer's K, V go through the tier as a cache stores them (a real CodecLayer, every complete
   block archived), and the sensitivity is mean over positions of (g . delta)^2, delta the reconstruction error of
@@ -39,11 +39,11 @@ import torch
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DynamicLayer, get_layer_types_and_kwargs
 
 from codeckv.cache import steady_state_ratio
-from codeckv.calibration import calibration_windows
-from codeckv.layers import CodecLayer
+from codeckv.cache.calibration import calibration_windows
+from codeckv.cache.layers import CodecLayer
+from codeckv.cache.schedule import layers_text, schedule
+from codeckv.loaded import LoadedModel
 from codeckv.measure.quality import QualityRow, measure_quality
-from codeckv.models import LoadedModel
-from codeckv.schedule import layers_text, schedule
 from codeckv.tiers import Tier, as_tier
 
 Progress = Callable[[int, int, str], None]

@@ -6,7 +6,7 @@
     session.exchanges                  # every finished turn: the user's message, the native and codec replies
     session.rest()                     # between turns: hold both caches at rest; the bytes they hold
     session.release()                  # drop both caches (Clear, or the browser tab closed)
-    session.save("chat.kvc", loaded)   # the codec cache and the exchanges, in one file (codeckv/saved.py)
+    session.save("chat.kvc", loaded)   # the codec cache and the exchanges, in one file (codeckv/cache/saved.py)
     session.resume(loaded, "chat.kvc") # continue it: the codec cache from the file, the native one re-prefilled
 
 The conversation continues with the native replies, so both caches always see the same conversation.
@@ -15,7 +15,7 @@ prefix with what the caches hold: both hold the prompts and the native replies (
 feeds the native reply into the codec cache after its own), so turn N costs its new tokens, not the
 whole conversation again. Another model, tier or setting, or a turn that did not finish (stopped,
 failed), starts again from empty caches, and so does a session whose idle caches were evicted to keep
-the memory of all idle sessions bounded (codeckv/sessions.py): `notice` then says why.
+the memory of all idle sessions bounded (codeckv/serve/sessions.py): `notice` then says why.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 
 from codeckv.cache import CodecCache, held_bytes
-from codeckv.generate import next_logits, stop_token_ids
+from codeckv.cache.saved import MAX_FILE_BYTES, SavedCacheError, load_cache
+from codeckv.loaded import LoadedModel
+from codeckv.measure.generate import next_logits, stop_token_ids
 from codeckv.measure.runs import NATIVE, Update
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Run, prompt_ids, rewind, stream_turn
-from codeckv.models import LoadedModel
-from codeckv.saved import MAX_FILE_BYTES, SavedCacheError, load_cache
 from codeckv.tiers import Tier, as_tier, get_tier
 
 
@@ -123,7 +123,7 @@ class ChatSession:
         return out + ([{"role": "user", "content": user}] if user is not None else [])
 
     def save(self, path: str | Path, loaded: LoadedModel) -> int:
-        """Write the codec cache of the conversation and its exchanges to `path` (codeckv/saved.py): the bytes."""
+        """Write the codec cache of the conversation and its exchanges to `path` (codeckv/cache/saved.py): the bytes."""
         if self.in_turn or len(self.runs) != 2 or not self.held or not self.exchanges:
             raise ValueError("nothing to save yet: the conversation needs a finished turn first")
         codec = self.runs[1]

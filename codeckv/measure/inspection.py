@@ -8,7 +8,7 @@
     view.layers[3].key_psnr_db, view.layers[3].attention_rel_error
 
 Reconstruction goes through a real `CodecLayer` (a `PCALayer` with the model's calibration
-for a PCA tier, codeckv/pca_layer.py): the prefilled tokens are written to it and flushed,
+for a PCA tier, codeckv/cache/pca_layer.py): the prefilled tokens are written to it and flushed,
 so exactly the blocks the cache would archive go through encode/decode, and the sinks, the
 recent window and the incomplete tail stay raw. Layers that are not full attention keep
 their native cache, so their reconstruction is the original.
@@ -31,13 +31,13 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import DynamicCache
 
-from codeckv.calibration import Calibration, budget_shares, calibration_for
+from codeckv.cache.calibration import Calibration, budget_shares, calibration_for
+from codeckv.cache.layers import CodecLayer
+from codeckv.cache.pca_layer import PCALayer
+from codeckv.cache.schedule import check_layers
 from codeckv.codecs.dct import DCT, dct_basis
-from codeckv.layers import CodecLayer
+from codeckv.loaded import LoadedModel
 from codeckv.measure.side_by_side import Prompt, prompt_ids
-from codeckv.models import LoadedModel
-from codeckv.pca_layer import PCALayer
-from codeckv.schedule import check_layers
 from codeckv.tiers import Tier, as_tier
 
 DEFAULT_BLOCK = 8  # DCT block for the spectrum of a tier without a DCT codec
@@ -112,7 +112,7 @@ class LayerError:
     layer: int
     layer_type: str
     codec: bool  # the layer carries the codec (full attention); others stay native
-    tier: str  # the tier of this layer (a per-layer schedule gives layers their own: codeckv/schedule.py)
+    tier: str  # the tier of this layer (a per-layer schedule gives layers their own: codeckv/cache/schedule.py)
     ratio_vs_bf16: float  # the layer's stored bytes (archive + raw tokens) / bf16 of its tokens; nan if native
     key_rel_error: float  # ||K̂ - K||_F / ||K||_F
     value_rel_error: float
@@ -205,7 +205,8 @@ def _calibration_of(calibration, tier: Tier) -> Calibration:
     found = [c for c in (calibration if isinstance(calibration, list) else [calibration])
              if c is not None and c.spec == tier.joint]
     if not found:
-        raise ValueError(f"tier '{tier.name}' needs the model's calibration (codeckv.calibration.calibration_for)")
+        raise ValueError(f"tier '{tier.name}' needs the model's calibration "
+                         "(codeckv.cache.calibration.calibration_for)")
     return found[0]
 
 
@@ -299,7 +300,7 @@ def inspect_capture(capture: KVCapture, tier: Tier | str, layer: int = 0, head: 
                     calibration: Calibration | list[Calibration] | None = None) -> Inspection:
     """Heatmaps of (layer, head), spectra and per-layer errors of `tier` on a capture (calibration: PCA tiers).
 
-    tier: a plain tier or a per-layer schedule (codeckv/schedule.py), checked against the capture's layers.
+    tier: a plain tier or a per-layer schedule (codeckv/cache/schedule.py), checked against the capture's layers.
     """
     tier = as_tier(tier)
     check_layers(tier, capture.layer_types)

@@ -20,9 +20,9 @@ from transformers import DynamicCache
 
 from codeckv.cache import CodecCache, footprint
 from codeckv.corpus import corpus_windows
-from codeckv.generate import next_logits
+from codeckv.loaded import LoadedModel
+from codeckv.measure.generate import next_logits
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Prompt, prompt_ids, run_side_by_side
-from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier
 
 WARMUP_STEPS = 2  # decode steps of every run before timing starts (codes_latency_table)

@@ -14,7 +14,7 @@ predicts token t + 1, and at each of these T - 1 - P positions:
     top1  = argmax p_tier == argmax p_native
 
 All the caches of a call are fed together in lockstep: one forward per position for all of them (a
-StackedCache, codeckv/stacked.py). On a CPU a small model's decode step is bound by reading its
+StackedCache, codeckv/cache/stacked.py). On a CPU a small model's decode step is bound by reading its
 weights, so the 4 x 512 docstring run of 11 tiers took 117.7 s against 408 s tier by tier (README,
 "Tiers and what they cost"). Attention runs per cache, so a cache's numbers are those of a run on its
 own up to the rounding of the matrix products at another batch size (~1e-6 in log-probs), and a
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 from transformers import Cache, PreTrainedModel
 
-from codeckv.attention import use_codec_attention
-from codeckv.models import ModelInfo
-from codeckv.stacked import StackedCache
+from codeckv.cache.attention import use_codec_attention
+from codeckv.cache.stacked import StackedCache
+from codeckv.loaded import ModelInfo
 
 OnStep = Callable[[], None]
 STACK_BYTES = 2 << 30  # caches fed in one batch hold at most about this much KV (stack_size)
@@ -115,7 +115,7 @@ def lockstep(
     Without `reference`, caches[0] is the baseline whose log-probs become the reference (pass a native
     cache, make_cache(config, "native"), to measure against native; its own Scores are then exactly 0).
     With one (from an earlier call on the same windows), every cache is compared with it.
-    The model is routed through codeckv attention (codeckv.attention; load_model has done it already).
+    The model is routed through codeckv attention (codeckv.cache.attention; load_model has done it already).
     """
     if not caches:
         raise ValueError("give at least one cache (the native baseline first when there is no reference yet)")

@@ -29,8 +29,8 @@ import torch
 
 from codeckv.cache import CodecCache, footprint, held_bytes, make_cache, view_reason
 from codeckv.corpus import corpus_windows
-from codeckv.generate import next_logits
-from codeckv.models import LoadedModel
+from codeckv.loaded import LoadedModel
+from codeckv.measure.generate import next_logits
 from codeckv.tiers import as_tier
 
 PREFILL_CHUNK = 512  # prompt tokens per forward, as in the chat
@@ -146,7 +146,7 @@ def _rss(field: str) -> int:
 
 def _isolated(request: dict) -> MemoryRow:
     """The child of memory_row_isolated: load, warm up, reset the peak, run the row, read the peak."""
-    from codeckv.calibration import calibration_for
+    from codeckv.cache.calibration import calibration_for
     from codeckv.models import load_model
 
     loaded = load_model(request["model"])

@@ -9,7 +9,7 @@ the key sentence inserted after `depth` of them, then the question. `length` is 
 in tokens (within one filler sentence). Each (length, depth) is prefilled once, natively, in chunks;
 every tier's cache is filled from that native cache (exactly a prefill through the codec cache,
 measure/side_by_side.py) and answers greedily. Retrieved = the key appears in the answer. A peer
-(codeckv/peers.py) is filled from the same native cache in one update per layer, as a one-forward
+(codeckv/measure/peers.py) is filled from the same native cache in one update per layer, as a one-forward
 prefill through it would be; a peer that cannot run here gets a line in `absent` instead of its rows,
 and a cell where the peer itself fails (HQQ's 4-bit packing cannot hold an odd number of groups: batch x
 KV heads x tokens odd) is a row with its `error`, not retrieved.
@@ -26,10 +26,10 @@ import torch
 from transformers import DynamicCache
 
 from codeckv.cache import footprint
-from codeckv.generate import chat_input_ids, next_logits, stop_token_ids
+from codeckv.loaded import LoadedModel
+from codeckv.measure.generate import chat_input_ids, next_logits, stop_token_ids
+from codeckv.measure.peers import Peer, absent_reason, filled_peer_cache, peer_footprint, run_for
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Run, filled_from
-from codeckv.models import LoadedModel
-from codeckv.peers import Peer, absent_reason, filled_peer_cache, peer_footprint, run_for
 from codeckv.tiers import Tier, get_tier
 
 INTRO = ("There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "

@@ -7,7 +7,7 @@ Each text's first `length` tokens go through a fresh cache of each tier: `prefil
 Per row: the archive as the footprint counts it (everything stored, raw tail included) and the archived
 chunks alone against bf16, the tier's budget, the worst running share the layers together reached at a
 chunk boundary once the sink is paid back (codecs/rate.py: each layer keeps within its share of the budget,
-codeckv.calibration.budget_shares, so the layers together never exceed it), the worst share one layer
+codeckv.cache.calibration.budget_shares, so the layers together never exceed it), the worst share one layer
 reached against the tier's budget (its share: above or below 1),
 and how the chunks' steps were spread (mean step over the calibrated one, share of skipped chunks).
 
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 
 from codeckv.cache import make_cache
+from codeckv.cache.pca_layer import PCALayer
 from codeckv.codecs.rate import LADDER, REPAY_TOKENS, RUNGS_PER_OCTAVE, SKIP
 from codeckv.corpus import corpus_text, docstrings_text, text_windows
-from codeckv.models import LoadedModel
-from codeckv.pca_layer import PCALayer
+from codeckv.loaded import LoadedModel
 from codeckv.tiers import as_tier
 
 MULTILINGUAL = (

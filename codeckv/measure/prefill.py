@@ -23,9 +23,9 @@ import torch
 from transformers import DynamicCache
 
 from codeckv.cache import CodecCache, make_cache
-from codeckv.calibration import calibration_for
+from codeckv.cache.calibration import calibration_for
 from codeckv.corpus import corpus_windows
-from codeckv.models import LoadedModel
+from codeckv.loaded import LoadedModel
 from codeckv.tiers import Tier, as_tier
 
 

@@ -6,12 +6,12 @@
     run.rows        # QualityRow per tier (native first): the table of `python -m codeckv quality` and the Sweep tab
     run.scores      # tier -> per-position NLL / KLD / top-1 (W, positions), for per-token charts
     run = measure_quality(loaded, ["turbo-4", "hf-quanto-int4"])                          # a peer beside a tier
-    run.absent      # one line per peer that cannot run here (codeckv/peers.py), instead of its row
+    run.absent      # one line per peer that cannot run here (codeckv/measure/peers.py), instead of its row
 
 Native and every tier are fed the same windows together (measure/lockstep.py: one forward per position
 for all of them, in as few stacked batches as memory allows), and every tier is compared with native. A window
 of `length` tokens is followed by one more token, the target of the last prediction, so every cache
-holds exactly `length` tokens when its bytes are read. A peer (transformers' QuantizedCache, codeckv/peers.py)
+holds exactly `length` tokens when its bytes are read. A peer (transformers' QuantizedCache, codeckv/measure/peers.py)
 rides in the same batch as the tiers, its bytes counted from the tensors it holds.
 """
 
@@ -21,12 +21,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from codeckv.cache import CodecCache, footprint, held_bytes, make_cache
+from codeckv.cache.layers import CodecLayer
 from codeckv.corpus import source_text, text_windows
-from codeckv.layers import CodecLayer
+from codeckv.loaded import LoadedModel
 from codeckv.measure.lockstep import Reference, Scores, compare, lockstep, stack_size
-from codeckv.models import LoadedModel
-from codeckv.peers import ATTENTION as PEER_ATTENTION
-from codeckv.peers import Peer, absent_reason, make_peer_cache, packing_reason, peer_footprint, run_for
+from codeckv.measure.peers import ATTENTION as PEER_ATTENTION
+from codeckv.measure.peers import Peer, absent_reason, make_peer_cache, packing_reason, peer_footprint, run_for
 from codeckv.tiers import Tier, get_tier
 
 Progress = Callable[[int, int, str], None]  # (forwards done, forwards in all, message); may raise to stop

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from codeckv.footprint import Footprint
+from codeckv.cache.footprint import Footprint
 
 NATIVE = "native"  # label of the reference run
 Prompt = str | list[dict] | torch.Tensor  # raw text, chat messages [{"role": ..., "content": ...}], or (1, T) ids

@@ -23,11 +23,11 @@ import torch
 from transformers import DynamicCache
 
 from codeckv.cache import CodecCache, footprint
-from codeckv.calibration import calibration_for
+from codeckv.cache.calibration import calibration_for
+from codeckv.cache.saved import load_cache
 from codeckv.corpus import corpus_windows
-from codeckv.generate import next_logits
-from codeckv.models import LoadedModel
-from codeckv.saved import load_cache
+from codeckv.loaded import LoadedModel
+from codeckv.measure.generate import next_logits
 from codeckv.tiers import as_tier
 
 SLACK_FRACTION, SLACK_BYTES = 0.01, 4096  # the file-size target: archive bytes x 1.01 + 4 KiB

@@ -37,12 +37,12 @@ import torch
 from transformers import Cache, DynamicCache
 
 from codeckv.cache import CODES, SHORT_VIEW, VIEW, CodecCache, footprint, held_bytes, make_cache, view_reason
-from codeckv.calibration import calibration_for
-from codeckv.generate import chat_input_ids, next_logits, stop_token_ids
-from codeckv.layers import CodecLayer
+from codeckv.cache.calibration import calibration_for
+from codeckv.cache.layers import CodecLayer
+from codeckv.loaded import LoadedModel
+from codeckv.measure.generate import chat_input_ids, next_logits, stop_token_ids
 from codeckv.measure.lockstep import delta_percent, kl_divergence
 from codeckv.measure.runs import NATIVE, PEAK_SOURCE, Comparison, Panel, Prompt, RunStats, Update
-from codeckv.models import LoadedModel
 from codeckv.tiers import Tier, as_tier, get_tier
 
 PREFILL_CHUNK = 512  # prompt tokens per forward

@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from codeckv.calibration import Calibration, calibration_for
+from codeckv.cache.calibration import Calibration, calibration_for
+from codeckv.loaded import LoadedModel
 from codeckv.measure.inspection import capture_kv, layer_errors
 from codeckv.measure.runs import Comparison, Prompt, RunStats
 from codeckv.measure.side_by_side import prompt_ids, stream_runs
-from codeckv.models import LoadedModel
 from codeckv.tiers import TIERS, Tier, as_tier
 
 Progress = Callable[[int, int, str], None]  # (done, total, message), e.g. a tqdm bar or gr.Progress

@@ -11,7 +11,7 @@ import runpy
 import time
 from pathlib import Path
 
-import codeckv.pool
+import codeckv.serve.pool
 from codeckv.models import DEFAULT_MODEL, ModelUnavailableError, load_model
 
 FAKE_SLOW_MODEL = "fake/slow-model"
@@ -27,5 +27,5 @@ def watched_loader(name: str):
 
 
 if __name__ == "__main__":
-    codeckv.pool.POOL._loader = watched_loader
+    codeckv.serve.pool.POOL._loader = watched_loader
     runpy.run_path(str(Path(__file__).resolve().parents[2] / "app.py"), run_name="__main__")

@@ -7,14 +7,14 @@ import gradio as gr
 import pytest
 
 import app
-from codeckv import service
 from codeckv.cache import CODES, SHORT_VIEW, VIEW, CodecCache
-from codeckv.coded_layer import CodedLayer
-from codeckv.inputs import DOCUMENTS
-from codeckv.kernel_ops import attention_compiled
-from codeckv.layers import CodecLayer
+from codeckv.cache.coded_layer import CodedLayer
+from codeckv.cache.kernel_ops import attention_compiled
+from codeckv.cache.layers import CodecLayer
 from codeckv.measure.chat import ChatSession
-from codeckv.sessions import IdleSessions
+from codeckv.serve import service
+from codeckv.serve.inputs import DOCUMENTS
+from codeckv.serve.sessions import IdleSessions
 from codeckv.tiers import TIERS
 
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]  # Advanced accordion untouched: use the preset
@@ -91,7 +91,7 @@ def test_bad_input_gives_a_clear_error(message, advanced, expected):
 
 @pytest.mark.parametrize("model", ["/etc", "../models/x", "someone/unlisted-model", "", None, 3])
 def test_a_model_that_is_not_listed_is_refused_before_any_loader(model, monkeypatch):
-    from codeckv import pool
+    from codeckv.serve import pool
 
     monkeypatch.setattr(pool.POOL, "_loader", lambda name: pytest.fail(f"the loader was called for {name!r}"))
     with pytest.raises(gr.Error, match="is not served here \\(allowed: smollm2-135m"):
@@ -124,7 +124,7 @@ def test_a_per_layer_schedule_from_advanced_settings_runs_with_each_layer_on_its
     advanced = [*PLAIN[:-1], "0-1:int8, 29:pca-8x"]
     native, codec, _, codec_stats, *_, session = _turn("Name a colour.", tier="turbo-4", advanced=advanced)[-1]
     assert codec[-1]["content"] and "turbo-4 · 0-1:int8, 29:pca-8x" in codec_stats
-    # a one-line chat is a short context: the codes layers decode on their own short view (codeckv/coded_layer.py),
+    # a one-line chat is a short context: the codes layers decode on their own short view (cache/coded_layer.py),
     # except where the compiled CPU kernel reads both sides' codes (turbo-4's layers)
     if _turbo_compiled():  # int8's layers too: the compiled kernel reads every tier without a DCT
         assert (f"{CODES} in 29 of 30 layers, {VIEW} in the others (layer 29 (pca-8x)") in codec_stats
@@ -244,7 +244,7 @@ def test_stop_during_a_long_prefill_takes_effect_between_chunks():
 
 
 def test_stop_ends_a_running_sweep_at_its_next_step():
-    from codeckv.limits import StopFlag
+    from codeckv.serve.limits import StopFlag
 
     flag, calls = StopFlag(), []
 

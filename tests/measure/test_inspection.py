@@ -59,7 +59,7 @@ def test_var_delta_ratio_of_white_noise_is_two():
 
 
 def test_a_schedule_shows_each_layer_with_its_tier_and_bytes(capture):
-    from codeckv.schedule import schedule
+    from codeckv.cache.schedule import schedule
 
     view = inspect_capture(capture, schedule("turbo-4", {0: "int8", 29: "jpeg-k2"}), layer=0, head=0)
     tiers = [e.tier for e in view.layers]

@@ -2,9 +2,9 @@
 
 import pytest
 
-from codeckv.__main__ import main
 from codeckv.cache import CODES, SHORT_VIEW
-from codeckv.kernel_ops import attention_compiled
+from codeckv.cache.kernel_ops import attention_compiled
+from codeckv.cli import main
 from codeckv.measure.latency import codes_latency_table
 from codeckv.tiers import TIERS
 

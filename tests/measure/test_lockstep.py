@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from codeckv.attention import use_codec_attention
 from codeckv.cache import CODES, VIEW, make_cache
+from codeckv.cache.attention import use_codec_attention
+from codeckv.loaded import ModelInfo
 from codeckv.measure.lockstep import compare, kl_divergence, lockstep, spread, stack_size
-from codeckv.models import ModelInfo
 
 
 @pytest.fixture

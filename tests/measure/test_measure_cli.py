@@ -3,7 +3,7 @@
 import csv
 import json
 
-from codeckv.__main__ import main
+from codeckv.cli import main
 
 
 def test_sweep_cli_writes_table_and_charts(tmp_path, capsys):

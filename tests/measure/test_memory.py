@@ -2,9 +2,9 @@
 
 import pytest
 
-from codeckv.limits import Limits
 from codeckv.measure.memory import beside_native, memory_row, memory_row_isolated, memory_rows, modes_of
-from codeckv.service import memory_request
+from codeckv.serve.limits import Limits
+from codeckv.serve.service import memory_request
 
 
 def test_modes_follow_what_attention_can_read():

@@ -2,8 +2,8 @@
 
 import pytest
 
+from codeckv.figures.plots import needle_figure
 from codeckv.measure.needle import needle_grid, needle_key, needle_prompt
-from codeckv.plots import needle_figure
 
 
 def test_prompt_length_and_key_position(loaded):

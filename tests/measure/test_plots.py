@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from codeckv import plots
+from codeckv.figures import plots
 from codeckv.measure.inspection import inspect_capture
 from codeckv.measure.needle import NeedleGrid, NeedleRow
-from codeckv.peers import PEERS
+from codeckv.measure.peers import PEERS
 from tests.figure_layout import figure_layout_problems
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -141,8 +141,8 @@ def test_every_figure_reads_cleanly_at_the_apps_sizes(swept, view):
 
 
 def test_the_tier_per_layer_figure_has_one_bar_series_per_tier(capture):
+    from codeckv.cache.schedule import schedule
     from codeckv.measure.inspection import inspect_capture
-    from codeckv.schedule import schedule
 
     view = inspect_capture(capture, schedule("turbo-4", {0: "int8", 1: "int8", 29: "turbo-3"}))
     bars = [trace for trace in plots.layer_tier_figure(view.layers).data if trace.type == "bar"]

@@ -5,7 +5,7 @@ import math
 import torch
 
 from codeckv.cache import CODES, SHORT_VIEW
-from codeckv.kernel_ops import attention_compiled
+from codeckv.cache.kernel_ops import attention_compiled
 from codeckv.measure.side_by_side import run_side_by_side, stream_side_by_side
 from codeckv.tiers import get_tier
 

@@ -1,0 +1,83 @@
+"""Materialization-free codec attention: the attention function that reads a CodedLayer's stored codes.
+
+    cache = make_cache(model.config, "jpeg-k8-int8", materialization_free=True)    # codeckv.cache
+    use_codec_attention(model)          # the "codeckv" attention function (codeckv.load_model does this)
+    model.generate(input_ids, cache=cache, max_new_tokens=64)
+
+A CodedLayer (codeckv/cache/coded_layer.py) returns shape-only "meta" tensors tagged with itself;
+`codec_attention`, registered in transformers' AttentionInterface, recognizes the tag and runs
+kernels.decode_attention on the layer's segments (Triton on CUDA, the chunked torch reference
+elsewhere), then archives what the new tokens completed (so a prefill chunk is raw in one layer at a
+time, not in every layer until the next forward). Untagged keys (native layers, sliding-window layers, a
+materialized CodecLayer) go to transformers' SDPA unchanged, so a model routed here attends exactly as
+with SDPA on any other cache.
+A StackedCache (codeckv/cache/stacked.py) tags its keys with its members' outputs: each member's rows of
+the batch attend to that member's keys alone, by the same rules.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from codeckv.cache.coded_layer import TAG
+from codeckv.cache.stacked import STACK_TAG
+
+ATTENTION = "codeckv"  # the attn_implementation name
+
+
+def codec_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function: stored codes for a CodedLayer's tagged keys, SDPA for anything else."""
+    members = getattr(key, STACK_TAG, None)
+    if members is not None:
+        return _stacked_attention(module, query, members, attention_mask, dropout, scaling, **kwargs)
+    layer = getattr(key, TAG, None)
+    if layer is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") or dropout:
+        raise ValueError("codeckv attention: softcap, sliding windows and dropout are not supported on codec layers")
+    if not layer.archive_k.tokens:  # nothing archived yet (a first prefill): plain SDPA on the raw tokens
+        keys, values = layer.raw()
+        out = sdpa_attention_forward(module, query, keys, values, attention_mask, dropout, scaling, **kwargs)[0]
+    else:
+        out = layer.attend(query, attention_mask, scaling).transpose(1, 2).contiguous()  # (B, T, Hq, Dv)
+    layer.flush()  # archive what the new tokens completed now: a forward holds one layer's raw chunk, not all
+    return out, None
+
+
+def _stacked_attention(module, query, members, attention_mask, dropout, scaling, **kwargs) -> tuple[torch.Tensor, None]:
+    """A StackedLayer's step: each member's rows of `query` attend to that member's (keys, values) alone."""
+    rows = query.shape[0] // len(members)
+    outputs = []
+    for index, (keys, values) in enumerate(members):
+        part = slice(index * rows, (index + 1) * rows)
+        mask = attention_mask
+        if mask is not None and mask.shape[0] > 1:
+            mask = mask[part]
+        outputs.append(codec_attention(module, query[part], keys, values, mask, dropout, scaling, **kwargs)[0])
+    return torch.cat(outputs), None
+
+
+def register() -> None:
+    """Register "codeckv" in transformers' attention and mask interfaces (idempotent)."""
+    AttentionInterface.register(ATTENTION, codec_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+def use_codec_attention(model) -> None:
+    """Make `model` attend through codec_attention (safe for any cache: non-codec layers still use SDPA)."""
+    if model.config._attn_implementation == ATTENTION:
+        return
+    register()
+    model.set_attn_implementation(ATTENTION)

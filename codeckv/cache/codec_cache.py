@@ -1,0 +1,365 @@
+"""CodecCache: a real `transformers` Cache whose full-attention layers store KV through a codec tier.
+
+    cache = make_cache(model.config, "turbo-4")                  # DynamicCache for "native"
+    model.generate(input_ids, cache=cache, max_new_tokens=64)
+    cache.footprint()                                            # archive / resident / bf16-reference bytes
+    cache = make_cache(loaded, "pca-8x")                         # a LoadedModel: PCA tiers get their calibration
+
+One codec layer (codeckv/cache/layers.py) per full-attention layer; sliding-window, linear-attention and
+other layers keep their native transformers layer (hybrid models such as Gemma 3). A PCA tier's layers
+(codeckv/cache/pca_layer.py) each take their layer's coder from a Calibration (codeckv/cache/calibration.py).
+
+`make_cache(config, "turbo-4", per_layer={0: "int8"})` gives layers their own tiers (codeckv/cache/schedule.py).
+
+Attention reads the stored codes by default (`materialization_free=None`: CodedLayer, no decoded view;
+codeckv.cache.attention, where models from `codeckv.load_model` are already routed), so the cache holds its
+archive and a few raw tokens, not a full-precision copy. A tier whose codes no kernel reads (png's
+deltas, PCA's entropy-coded chunks: `view_reason`) keeps a decoded view instead; `materialization_free=
+False` asks for the view on any tier (the opt-in), True insists on the codes. By default the cache also
+chooses by itself a decoded view for the decode steps of a short context (up to SHORT_VIEW_TOKENS tokens,
+where SDPA on it is faster than the torch path on the codes; dropped past it and at rest), except on the
+CPU for tiers whose codes the compiled kernel reads (no DCT: kernel_ops.attention_compiled), which
+read their codes at every length; `attention` says which path the cache is on now (CODES, SHORT_VIEW or
+VIEW) and held_bytes counts the view.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+
+import torch
+from transformers.cache_utils import (
+    DYNAMIC_LAYER_TYPE_MAPPING,
+    Cache,
+    DynamicCache,
+    DynamicLayer,
+    get_layer_types_and_kwargs,
+)
+
+from codeckv.cache.calibration import Calibration, budget_shares, calibration_for
+from codeckv.cache.coded_layer import SHORT_VIEW_TOKENS, CodedLayer
+from codeckv.cache.flush import flush_layers
+from codeckv.cache.footprint import Footprint, LayerFootprint
+from codeckv.cache.kernel_ops import layout_of
+from codeckv.cache.layers import CodecLayer
+from codeckv.cache.pca_layer import PCALayer
+from codeckv.cache.schedule import layer_tiers, schedule
+from codeckv.codecs.layout import NoRowLayout
+from codeckv.loaded import LoadedModel
+from codeckv.tiers import Tier, as_tier
+
+CODES, VIEW = "on the stored codes", "on a decoded view"  # CodecCache.attention
+SHORT_VIEW = f"on a decoded view while short (up to {SHORT_VIEW_TOKENS} tokens; on the stored codes beyond)"
+
+
+class CodecCache(Cache):
+    """A transformers Cache with codec layers on full-attention layers and native layers elsewhere."""
+
+    def __init__(self, layers: list, tier: Tier) -> None:
+        super().__init__(layers=layers)
+        self.tier = tier
+
+    @property
+    def attention(self) -> str:
+        """Where attention reads this cache's archived tokens now: CODES, SHORT_VIEW (codes layers whose decode
+        steps read a short context's view, codeckv/cache/coded_layer.py), VIEW (a decoded view throughout), or how
+        many layers read each (a schedule, or layers whose tiers differ in what the compiled kernel reads)."""
+        codec = [layer for layer in self.layers if isinstance(layer, CodecLayer)]
+        coded = [layer for layer in codec if isinstance(layer, CodedLayer)]
+        on_view = sum(layer.on_view for layer in coded)
+        counts = [(mode, n) for mode, n in ((CODES, len(coded) - on_view), (SHORT_VIEW, on_view),
+                                            (VIEW, len(codec) - len(coded))) if n]
+        if len(counts) <= 1:
+            return counts[0][0] if counts else VIEW
+        parts = [f"{counts[0][0]} in {counts[0][1]} of {len(codec)} layers"]
+        parts += [f"{mode} in {n}" for mode, n in counts[1:-1]]
+        last_mode, last_n = counts[-1]
+        parts.append(f"{last_mode} in the others" if len(counts) == 2 else f"{last_mode} in {last_n}")
+        return ", ".join(parts)
+
+    @classmethod
+    def from_config(
+        cls, config, tier: Tier | str, materialization_free: bool | None = None,
+        calibration: Calibration | None = None, **overrides,
+    ) -> CodecCache:
+        """Build the cache for a model config; `overrides` replace tier fields (e.g. keep_recent=32).
+
+        materialization_free: True = CodedLayer (attention on the stored codes, no decoded view), False =
+        CodecLayer (a decoded view), None = the codes wherever the tier allows (view_reason) and the model
+        attends through codeckv.cache.attention (load_model does that; else use_codec_attention(model)), else the view;
+        with None, decode steps up to SHORT_VIEW_TOKENS read a decoded view (SHORT_VIEW, codeckv/cache/coded_layer.py).
+        calibration: the model's Calibration for a PCA tier (codeckv.cache.calibration.calibration_for), required there
+        (a list of them for a per-layer schedule mixing PCA tiers: codeckv/cache/schedule.py).
+        """
+        tier = _tier(tier, overrides)
+        if materialization_free is None and not _attends_on_codes(config):
+            materialization_free = False  # SDPA cannot read the codes: a model not routed through cache/attention.py
+        layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        new_layer = _codec_layer(tier, materialization_free, calibration, layer_types)
+        layers = [
+            new_layer(index) if kind == "full_attention" and not tier.tier_at(index).is_native
+            else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs)
+            for index, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs))
+        ]
+        return cls(layers, tier)
+
+    @classmethod
+    def from_cache(
+        cls, cache: Cache, tier: Tier | str, materialization_free: bool | None = None,
+        calibration: Calibration | None = None, **overrides,
+    ) -> CodecCache:
+        """Convert a native cache (e.g. a DynamicCache right after a prefill) into a codec cache, in one go.
+
+        Every full-attention layer (a plain DynamicLayer) becomes a codec layer holding the same tokens,
+        archived in batched encodes per codec (flush_layers): the same archive bytes and the same
+        decoded tokens as prefilling through the codec cache and flushing. Other layers (sliding window,
+        ...) are deep-copied, so `cache` is left as it was and stays usable.
+        The fast path for a long prompt: prefill natively (SDPA on the raw tokens), convert once.
+        """
+        tier = _tier(tier, overrides)
+        if tier.is_native:
+            raise ValueError(f"tier '{tier.name}' is native: keep the cache itself (allowed: a tier that encodes)")
+        full = ["full_attention" if type(layer) is DynamicLayer else type(layer).__name__ for layer in cache.layers]
+        new_layer = _codec_layer(tier, materialization_free, calibration, full)
+        layers = []
+        for index, layer in enumerate(cache.layers):
+            if type(layer) is not DynamicLayer or tier.tier_at(index).is_native:
+                layers.append(copy.deepcopy(layer))
+                continue
+            converted = new_layer(index)
+            if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+                converted.adopt(layer.keys, layer.values)
+            layers.append(converted)
+        result = cls(layers, tier)
+        result.flush()
+        return result
+
+    def flush(self) -> None:
+        """Archive now what the next update would archive (e.g. a prompt right after its prefill, to time it).
+
+        Batched across layers (codeckv/cache/flush.py).
+        """
+        flush_layers([layer for layer in self.layers if isinstance(layer, CodecLayer)])
+
+    def compact(self) -> None:
+        """Hold the cache at rest: each codec layer keeps its archive and raw tokens only, no decoded view.
+
+        Native layers (sliding window) stay as they are. restore(), or the next forward, rebuilds the views.
+        """
+        self.flush()
+        for layer in self.layers:
+            if isinstance(layer, CodecLayer):
+                layer.compact()
+
+    def restore(self) -> float:
+        """Rebuild the decoded views of a cache at rest, bit for bit: the seconds it took (0.0 if none was at rest)."""
+        start = time.perf_counter()
+        rebuilt = sum(layer.restore() for layer in self.layers if isinstance(layer, CodecLayer))
+        return time.perf_counter() - start if rebuilt else 0.0
+
+    def save(self, path, token_ids, model=None, extra=None) -> int:
+        """Write the cache and the ids of the tokens it holds to `path` (codeckv/cache/saved.py): the file's bytes.
+
+        model: the LoadedModel (or transformers model) it belongs to, recorded and checked; extra: app JSON.
+        Load it back with codeckv.load_cache(path, loaded).
+        """
+        from codeckv.cache.saved import save_cache  # saved.py builds CodecCaches itself
+
+        return save_cache(self, path, token_ids, model, extra)
+
+    def set_left_padding(self, attention_mask: torch.Tensor) -> None:
+        """Tell the codec layers which leading positions of each row are padding ((B, T) mask, 0 = pad).
+
+        Call it on an empty cache before a left-padded batch: the codecs then fit their scales to the
+        real tokens only (CodecLayer._unpadded), so a padded row is coded like the same text alone.
+        """
+        pads = (attention_mask.cumsum(dim=-1) == 0).sum(dim=-1)
+        for layer in self.layers:
+            if isinstance(layer, CodecLayer):
+                layer.set_left_padding(pads)
+
+    def footprint(self) -> Footprint:
+        """Archive, resident and bf16-reference bytes, per layer and in total."""
+        return footprint(self)
+
+
+def _tier(tier: Tier | str, overrides: dict) -> Tier:
+    """as_tier(tier) with `overrides` replacing its fields."""
+    tier = as_tier(tier)
+    return dataclasses.replace(tier, **overrides) if overrides else tier
+
+
+def _attends_on_codes(config) -> bool:
+    """True when the model of `config` attends through codeckv.cache.attention (load_model, use_codec_attention)."""
+    from codeckv.cache.attention import ATTENTION  # attention.py imports the layers; imported here, not at the top
+
+    return getattr(config, "_attn_implementation", None) == ATTENTION
+
+
+def view_reason(tier: Tier | str) -> str | None:
+    """Why attention cannot read `tier`'s stored codes, so that its cache keeps a decoded view (None: it can)."""
+    tier = as_tier(tier)
+    if tier.is_native:
+        return "a native cache holds its tokens as they are"
+    for index, layer_tier in tier.per_layer:
+        why = view_reason(layer_tier) if not layer_tier.is_native else None
+        if why is not None:
+            return f"layer {index} ({layer_tier.name}): {why}"
+    tier = dataclasses.replace(tier, per_layer=())  # the tier of the other layers
+    if tier.is_native:
+        return None
+    if tier.joint is not None:
+        return "keys and values are coded together in entropy-coded chunks, which no attention kernel reads"
+    for side, codec in (("key", tier.key), ("value", tier.value)):
+        layout = layout_of(codec)
+        if isinstance(layout, NoRowLayout):
+            return f"no attention kernel reads its {side} codes ({layout.reason})"
+    return None
+
+
+def _codec_layer(tier: Tier, materialization_free: bool | None, calibration, layer_types: list[str]):
+    """A function: layer index -> a new codec layer of that layer's tier, after checking that every one can be built.
+
+    tier: a plain tier, or a per-layer schedule (checked against the model's layers: codeckv/cache/schedule.py).
+    """
+    plain = {t for t in layer_tiers(tier, layer_types) if t is not None and not t.is_native}
+    pca = [t for t in plain if t.joint is not None]
+    if isinstance(calibration, Calibration) and len(pca) == 1:
+        calibrations = {pca[0].joint: calibration}  # one PCA tier: the calibration given is its own
+    else:
+        calibrations = _by_spec(calibration)
+    served = layer_tiers(tier, layer_types)
+    builders = {t: _plain_codec_layer(t, materialization_free, calibrations.get(t.joint), layer_types,
+                                      [i for i, at in enumerate(served) if at == t])
+                for t in plain}
+    return lambda index: builders[tier.tier_at(index)](index)
+
+
+def _by_spec(calibration) -> dict:
+    """{JointPCA spec: Calibration} of a Calibration, a list of them (one per PCA tier of a schedule), or None."""
+    if calibration is None:
+        return {}
+    calibrations = calibration if isinstance(calibration, list | tuple) else [calibration]
+    for c in calibrations:
+        if not isinstance(c, Calibration):
+            raise ValueError(f"calibration={c!r} is not a Calibration "
+                             "(allowed: codeckv.cache.calibration.calibration_for)")
+    return {c.spec: c for c in calibrations}
+
+
+def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibration: Calibration | None,
+                       layer_types: list[str], layers: list[int]):
+    """A function: layer index -> a new codec layer of the plain `tier`, after checking that it can be built.
+
+    layers: the model layers that get `tier` (a PCA tier shares its budget among them: budget_shares).
+    """
+    short_view = materialization_free is None  # the cache's own choice: a short context's decode steps on a view
+    if materialization_free is None:
+        materialization_free = view_reason(tier) is None
+    if tier.joint is None:
+        if materialization_free:
+            return lambda index: CodedLayer(tier, short_view)
+        return lambda index: CodecLayer(tier)
+    if materialization_free:
+        raise ValueError(f"tier '{tier.name}' codes keys and values jointly with entropy-coded chunks, which no "
+                         "kernel reads: materialization_free=True is not supported (allowed: None or False, a view)")
+    if calibration is None:
+        raise ValueError(f"tier '{tier.name}' needs the model's calibration: make_cache(loaded, '{tier.name}') with a "
+                         "LoadedModel, or calibration=codeckv.cache.calibration.calibration_for(loaded, tier)")
+    missing = [i for i, kind in enumerate(layer_types) if kind == "full_attention" and i not in calibration.coders]
+    if missing:
+        raise ValueError(f"the calibration of '{calibration.model}' has no coder for full-attention layers {missing} "
+                         f"of this model (allowed: the model it was calibrated on)")
+    shares = budget_shares(calibration, layers)
+    return lambda index: PCALayer(tier, calibration.coders[index], shares[index])
+
+
+def make_cache(source, tier: Tier | str, materialization_free: bool | None = None,
+               calibration: Calibration | None = None, attention_mask: torch.Tensor | None = None,
+               per_layer: dict | None = None, **overrides) -> Cache:
+    """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache.
+
+    materialization_free: None (default) = attention on the stored codes wherever the tier allows
+    (view_reason says why not), False = keep a decoded view, True = on the codes.
+
+    source: a model config, or a LoadedModel (codeckv.load_model), from which a PCA tier's calibration is
+    loaded or computed when none is given (codeckv.cache.calibration.calibration_for).
+    attention_mask: the (B, T) mask of a left-padded batch, so that codecs leave the pad tokens out.
+    per_layer: {layer index: tier or preset name} overriding `tier` on those layers (codeckv/cache/schedule.py).
+    """
+    tier = as_tier(tier)
+    if per_layer:
+        tier = schedule(tier, per_layer)
+    config = source.model.config if isinstance(source, LoadedModel) else source
+    if tier.is_native:
+        return DynamicCache(config=config)
+    if calibration is None and isinstance(source, LoadedModel):
+        calibration = calibration_for(source, tier)
+    cache = CodecCache.from_config(config, tier, materialization_free, calibration, **overrides)
+    if attention_mask is not None:
+        cache.set_left_padding(attention_mask)
+    return cache
+
+
+def footprint(cache: Cache) -> Footprint:
+    """Bytes held by any cache: a CodecCache, or a native DynamicCache (whose archive is what it holds)."""
+    result = Footprint()
+    for index, layer in enumerate(cache.layers):
+        if isinstance(layer, CodecLayer):
+            result.layers.append(layer.footprint(index))
+        else:
+            result.layers.append(_native_footprint(index, layer))
+    return result
+
+
+def held_bytes(cache: Cache) -> int:
+    """Bytes of every tensor `cache` owns now (design.md "held"): archives, raw tokens, decoded views, slack.
+
+    Cheap (nothing is flushed or decoded), so a run can read it after every forward to find its peak.
+    """
+    total = 0
+    for layer in cache.layers:
+        if isinstance(layer, CodecLayer):
+            total += layer.held_bytes()
+        else:
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                total += 0 if t is None else t.numel() * t.element_size()
+    return total
+
+
+def _native_footprint(index: int, layer) -> LayerFootprint:
+    """A native layer: what it holds is both its archive and its resident bytes, every token raw."""
+    kind = type(layer).__name__
+    full_attention = type(layer) is DynamicLayer
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    if keys is None or keys.numel() == 0:
+        return LayerFootprint(index, kind, full_attention, 0, 0, 0, 0)
+    held = keys.numel() * keys.element_size() + values.numel() * values.element_size()
+    bf16 = (keys.numel() + values.numel()) * 2
+    return LayerFootprint(index, kind, full_attention, keys.shape[2], held, held, bf16, tail_tokens=keys.shape[2])
+
+
+@torch.inference_mode()
+def steady_state_ratio(tier: Tier | str, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Bytes per archived token / bf16 bytes per token, measured through a real CodecLayer (1.0 if native).
+
+    One archive unit of random tokens goes through the layer, so scales, zeros and the unit's
+    rounding are all counted. For codecs whose stored size depends on the data (entropy-coded ones)
+    this is only an estimate: read `Footprint.steady_state_ratio` of a real cache instead.
+    """
+    tier = as_tier(tier)
+    if tier.is_native:
+        return 1.0
+    if tier.per_layer:
+        raise ValueError(f"tier '{tier.name}' is a per-layer schedule: its ratio depends on the model's layers, read "
+                         "Footprint.steady_state_ratio of a real cache (allowed: a plain tier)")
+    if tier.joint is not None:
+        raise ValueError(f"tier '{tier.name}' stores entropy-coded, calibrated codes: its ratio depends on the model "
+                         "and the text, read Footprint.steady_state_ratio of a real cache (allowed: a per-tensor tier)")
+    layer = CodecLayer(dataclasses.replace(tier, keep_first=0, keep_recent=0))
+    x = torch.randn(1, 1, layer.unit, head_dim, generator=torch.Generator().manual_seed(0)).to(dtype)
+    layer.update(x, x.clone())
+    layer.flush()
+    return layer.footprint(0).code_bytes / (layer.unit * 2 * head_dim * 2)

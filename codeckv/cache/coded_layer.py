@@ -1,0 +1,272 @@
+"""CodedLayer: a CodecLayer (codeckv/cache/layers.py) without the decoded view; attention runs on the stored codes.
+
+Its update() returns shape-only "meta" tensors tagged with the layer (TAG) and codeckv.cache.attention runs
+kernels.decode_attention on its segments (the stored codes, the raw tokens). Short contexts are the
+exception: a decode step on a layer holding at most SHORT_VIEW_TOKENS tokens reads a decoded view (built
+once, then kept as CodecLayer keeps its own), which SDPA reads faster than the torch path reads the codes
+there; past SHORT_VIEW_TOKENS, or at rest, the view goes. Not on the CPU where the compiled kernel reads
+both sides' codes (kernel_ops.attention_compiled: the tiers without a DCT, e.g. turbo-4, int8): about as
+fast there, so the codes are read at every length. Prefill chunks never build it, so a long prompt's
+peak stays the archive plus one chunk. held_bytes counts it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from codeckv.cache.archive import Archive
+from codeckv.cache.footprint import LayerFootprint
+from codeckv.cache.kernel_ops import Coded, Raw, Segment, attention_compiled, decode, decode_attention
+from codeckv.cache.layers import VIEW_GROWTH_TOKENS, CodecLayer, RawTokens
+from codeckv.codecs.base import Encoded, slice_encoded
+from codeckv.tiers import Tier
+
+TAG = "codeckv_layer"  # attribute of the meta tensors a CodedLayer returns (codeckv.cache.attention reads it)
+SHORT_VIEW_TOKENS = 2048  # a CodedLayer's decode steps read a decoded view while it holds at most this many tokens
+
+
+def _cat(pair: tuple[torch.Tensor, torch.Tensor] | None, k: torch.Tensor, v: torch.Tensor):
+    """pair + (k, v) along the sequence, as new exactly-sized tensors."""
+    if pair is None:
+        return k.clone(), v.clone()
+    return torch.cat([pair[0], k], dim=2), torch.cat([pair[1], v], dim=2)
+
+
+class CodedLayer(CodecLayer):
+    """A CodecLayer without the decoded view: attention runs on the stored codes (module docstring).
+
+    short_view: decode steps at a short context read a decoded view (module docstring; make_cache's default
+    path asks for it); False = the codes always.
+    """
+
+    def __init__(self, tier: Tier, short_view: bool = False) -> None:
+        self.short_view = short_view
+        super().__init__(tier)
+
+    def _reset_state(self) -> None:
+        self.length = 0  # tokens held
+        self.archived_upto = self.tier.keep_first  # tokens [keep_first, archived_upto) are archived
+        self.archive_k, self.archive_v = Archive(tight=True), Archive(tight=True)
+        self._sinks: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, H, <= keep_first, D) raw
+        self._tail: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [archived_upto, length) raw
+        self._drop_view()
+
+    def _drop_view(self) -> None:
+        """Forget the short-context view (module docstring): the codes are read until a decode step rebuilds it."""
+        self._view_k = self._view_v = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
+
+    @property
+    def on_view(self) -> bool:
+        """True while decode steps read the short-context view instead of the codes."""
+        return self._view_k is not None
+
+    @property
+    def needs_decoded(self) -> bool:
+        """flush_layers decodes what it archives only for the short-context view (the codes need no decoding)."""
+        return self.on_view
+
+    @torch.inference_mode()
+    def compact(self) -> None:
+        """At rest: the short-context view (if any) and the archive's capacity slack go."""
+        self.flush()
+        self._drop_view()
+        self._trim_archive()
+
+    def restore(self) -> float:
+        """Nothing to rebuild: attention reads the stored codes."""
+        return 0.0
+
+    def _raw_tokens(self) -> RawTokens:
+        """The sinks and the raw tail as they are held (empty (B, H, 0, D) tensors where there are none)."""
+        b, h, _, d = self.keys.shape
+        dv = self.values.shape[3]
+        none = (torch.empty((b, h, 0, d), dtype=self.dtype, device=self.device),
+                torch.empty((b, h, 0, dv), dtype=self.dtype, device=self.device))
+        return RawTokens(*(self._sinks or none), *(self._tail or none))
+
+    def _load_raw(self, rest: RawTokens) -> None:
+        self._sinks = (rest.sink_keys, rest.sink_values) if rest.sink_keys.shape[2] else None
+        self._tail = (rest.tail_keys, rest.tail_values) if rest.tail_keys.shape[2] else None
+
+    @torch.inference_mode()
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Archive what became archivable, keep the new (B, H, T, D) states raw, return tagged meta tensors."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.flush()
+        new = key_states.shape[2]
+        sinks = min(max(self.tier.keep_first - self.length, 0), new)
+        if sinks:
+            self._sinks = _cat(self._sinks, key_states[:, :, :sinks], value_states[:, :, :sinks])
+        if sinks < new:
+            self._tail = _cat(self._tail, key_states[:, :, sinks:], value_states[:, :, sinks:])
+        if self.length + new > SHORT_VIEW_TOKENS:
+            self._drop_view()
+        elif self.on_view:
+            self._ensure_capacity(key_states, self.length + new)
+            self._view_k[:, :, self.length : self.length + new] = key_states
+            self._view_v[:, :, self.length : self.length + new] = value_states
+        self.length += new
+        if (self.short_view and new == 1 and not self.on_view and self.length <= SHORT_VIEW_TOKENS
+                and not self._codes_compiled(key_states)):
+            self._build_view(key_states, value_states)  # a decode step at a short context (module docstring)
+        if self.on_view:
+            self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+            return self.keys, self.values
+        self.keys, self.values = self._shapes(key_states, value_states)
+        keys, values = self._shapes(key_states, value_states)
+        setattr(keys, TAG, self)
+        setattr(values, TAG, self)
+        return keys, values
+
+    def _codes_compiled(self, key_states: torch.Tensor) -> bool:
+        """True on the CPU when the compiled kernel reads both sides' codes: no short view is worth its memory."""
+        return key_states.device.type == "cpu" and attention_compiled(
+            self.tier.key, self.tier.value, key_states.shape[-1])
+
+    def _build_view(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Decode every held token into a new view of the layer's length plus VIEW_GROWTH_TOKENS (capped)."""
+        b, h, _, d = key_states.shape
+        capacity = min(self.length + VIEW_GROWTH_TOKENS, SHORT_VIEW_TOKENS)
+        self._view_k = key_states.new_empty((b, h, capacity, d))
+        self._view_v = value_states.new_empty((b, h, capacity, value_states.shape[3]))
+        parts = [self._sinks, self._decode_archive(key_states) if self.archive_k.tokens else None, self._tail]
+        at = 0
+        for keys, values in (part for part in parts if part is not None):
+            self._view_k[:, :, at : at + keys.shape[2]], self._view_v[:, :, at : at + keys.shape[2]] = keys, values
+            at += keys.shape[2]
+
+    def _shapes(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, H, length, D) meta tensors: shapes for whoever asks, no storage."""
+        b, h, _, d = key_states.shape
+        keys = torch.empty((b, h, self.length, d), dtype=key_states.dtype, device="meta")
+        values = torch.empty((b, h, self.length, value_states.shape[3]), dtype=value_states.dtype, device="meta")
+        return keys, values
+
+    @torch.inference_mode()
+    def adopt(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Take (B, H, S, D) states as this empty layer's first tokens; the tail stays a view of them until flush."""
+        if self.length:
+            raise ValueError("adopt(): the layer already holds tokens")
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        sinks = min(self.tier.keep_first, key_states.shape[2])
+        if sinks:
+            self._sinks = key_states[:, :, :sinks].clone(), value_states[:, :, :sinks].clone()
+        self.length = key_states.shape[2]
+        self.keys, self.values = self._shapes(key_states, value_states)
+        if sinks < self.length:
+            tail = key_states[:, :, sinks:], value_states[:, :, sinks:]
+            self._tail = tail if self._archivable() else (tail[0].clone(), tail[1].clone())  # flush clones the rest
+
+    def _span(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._tail[0][:, :, :count], self._tail[1][:, :, :count]
+
+    def _archived(self, count: int, keys: Encoded, values: Encoded, decoded: tuple | None) -> None:
+        """Store the archive of the first `count` tail tokens and keep the rest of the tail raw."""
+        self.archive_k.append(keys)
+        self.archive_v.append(values)
+        k, v = self._tail
+        self._tail = (k[:, :, count:].clone(), v[:, :, count:].clone())
+        if self.on_view:  # the view holds what attention on the codes would read: the decoded tokens
+            span = slice(self.archived_upto, self.archived_upto + count)
+            self._view_k[:, :, span], self._view_v[:, :, span] = decoded
+        self.archived_upto += count
+
+    def segments(self) -> list[Segment]:
+        """The tokens in order as decode_attention segments: sinks, archive, tail (empty ones left out)."""
+        segments: list[Segment] = []
+        if self._sinks is not None:
+            segments.append(Raw(*self._sinks))
+        if self.archive_k.tokens:
+            segments.append(
+                Coded(self.tier.key, self.archive_k.encoded(), self.tier.value, self.archive_v.encoded())
+            )
+        if self._tail is not None and self._tail[0].shape[2]:
+            segments.append(Raw(*self._tail))
+        return segments
+
+    def attend(self, query: torch.Tensor, mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+        """Attention of query (B, Hq, T, D) on every held token: (B, Hq, T, Dv).
+
+        mask: transformers' (B, 1, T, S) mask, or None = causal (the last T tokens are the queries).
+        """
+        t = query.shape[2]
+        if mask is None and t > 1:
+            pos = torch.arange(self.length, device=query.device)
+            mask = (pos[None, :] <= pos[self.length - t :, None])[None, None]  # (1, 1, T, S)
+        return decode_attention(query, self.segments(), scale, mask)
+
+    def raw(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every held token as (B, H, S, D) tensors; only valid while nothing is archived (all tokens are raw)."""
+        if self.archive_k.tokens:
+            raise ValueError("raw(): this layer has archived tokens; use attend()")
+        pairs = [p for p in (self._sinks, self._tail) if p is not None]
+        if len(pairs) == 1:
+            return pairs[0]
+        return torch.cat([p[0] for p in pairs], dim=2), torch.cat([p[1] for p in pairs], dim=2)
+
+    @torch.inference_mode()
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last -tokens_to_remove tokens; a partly cropped block goes back to the raw tail, decoded."""
+        if not self._shorten(tokens_to_remove):
+            return
+        self._drop_view()
+        keep_first = self.tier.keep_first
+        if self._sinks is not None:
+            self._sinks = tuple(t[:, :, : min(self.length, keep_first)] for t in self._sinks)
+        kept = self._archived_after_crop()
+        tail = [] if self._tail is None else [self._tail]
+        if keep_first + kept < self.archived_upto:
+            archived = self.archived_upto - keep_first
+            back = [
+                decode(slice_encoded(archive.encoded(), kept, archived), codec)
+                for codec, archive in ((self.tier.key, self.archive_k), (self.tier.value, self.archive_v))
+            ]
+            tail = [tuple(back)] + tail
+            self.archive_k.truncate(kept)
+            self.archive_v.truncate(kept)
+            self.archived_upto = keep_first + kept
+        if tail:
+            held = max(self.length - self.archived_upto, 0)
+            self._tail = tuple(torch.cat([p[i] for p in tail], dim=2)[:, :, :held].clone() for i in (0, 1))
+
+    @torch.inference_mode()
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._drop_view()
+        for name in ("_sinks", "_tail"):
+            pair = getattr(self, name)
+            if pair is not None:
+                setattr(self, name, tuple(t.index_select(0, indices.to(t.device)) for t in pair))
+        self.archive_k.select_batch(indices)
+        self.archive_v.select_batch(indices)
+
+    @torch.inference_mode()
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._drop_view()
+        for name in ("_sinks", "_tail"):
+            pair = getattr(self, name)
+            if pair is not None:
+                setattr(self, name, tuple(t.repeat_interleave(repeats, dim=0) for t in pair))
+        self.archive_k.repeat_batch(repeats)
+        self.archive_v.repeat_batch(repeats)
+
+    def held_bytes(self) -> int:
+        """Bytes of every tensor this layer owns now: archive buffers, raw sinks and tail, any short view (no flush)."""
+        return self._stored()[2] + self._raw_and_view_bytes()
+
+    def _raw_and_view_bytes(self) -> int:
+        view = None if self._view_k is None else (self._view_k, self._view_v)
+        pairs = [p for p in (self._sinks, self._tail, view) if p is not None]
+        return sum(t.numel() * t.element_size() for p in pairs for t in p)
+
+    def footprint(self, layer: int) -> LayerFootprint:
+        """Bytes for the tokens held (design.md definitions); resident = archive + raw tokens + any short view."""
+        if not self.is_initialized or self.length == 0:
+            return LayerFootprint(layer, "codec", True, 0, 0, 0, 0)
+        self.flush()
+        b, h, _, d = self.keys.shape
+        values_per_token = b * h * (d + self.values.shape[3])
+        return self._footprint(layer, values_per_token, self.keys.element_size(), self._raw_and_view_bytes())
+
+

@@ -1,0 +1,381 @@
+"""The Cache layers of a CodecCache: CodecLayer (a memoized decoded view); CodedLayer (no view at all) is in
+codeckv/cache/coded_layer.py.
+
+Both hold a full-attention layer's tokens in the same order and archive them at the same moments:
+
+    [ keep_first sinks | archived blocks (codec) | raw tail: incomplete block + keep_recent window ]
+      full precision     encoded once, never         full precision
+                         rewritten (causal safety)
+
+Each forward attends its own new tokens at full precision (as a real prefill does); at the start of
+the next update every complete unit of tokens that left the recent window is encoded and appended to
+the archive. A unit is lcm(key block, value block, MIN_ARCHIVE_TOKENS) tokens.
+
+- CodecLayer decodes each archived unit once into a preallocated, capacity-doubling view that
+  attention reads, so a decode step costs O(one block): no full-length copy or re-decode per step.
+- CodedLayer (codeckv/cache/coded_layer.py) keeps no view but a short context's: attention reads the stored codes.
+
+At rest (`compact()`, e.g. an idle chat session) a layer keeps only what cannot be rebuilt: the archive,
+exact-size, and its raw tokens (RawTokens); `restore()`, or the next update, decodes the archive into
+the view again, bit for bit as before. `export_state()` / `load_state()` hand that same content to and
+from a file (codeckv/cache/saved.py).
+
+Encoding and decoding go through kernels.encode / kernels.decode: the Triton kernels on CUDA when the
+codec's row layout allows, the codec's own torch code elsewhere. Buffers are inference-mode tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from codeckv.cache.archive import Archive
+from codeckv.cache.flush import flush_layers
+from codeckv.cache.footprint import LayerFootprint
+from codeckv.cache.kernel_ops import decode
+from codeckv.codecs.base import Encoded
+from codeckv.tiers import Tier
+
+MIN_ARCHIVE_TOKENS = 8
+VIEW_GROWTH_TOKENS = 256  # the decoded view grows by at least this many tokens (25% beyond a long prompt)
+
+
+@dataclass
+class RawTokens:
+    """What a layer keeps at full precision besides its archive: sinks and raw tail, exact-size (B, H, n, D)."""
+
+    sink_keys: torch.Tensor
+    sink_values: torch.Tensor
+    tail_keys: torch.Tensor
+    tail_values: torch.Tensor
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"sink_keys": self.sink_keys, "sink_values": self.sink_values,
+                "tail_keys": self.tail_keys, "tail_values": self.tail_values}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    @property
+    def values_per_token(self) -> int:
+        """Numbers per token, keys and values of every row and head: B x H x (D + Dv)."""
+        b, h, _, d = self.sink_keys.shape
+        return b * h * (d + self.sink_values.shape[3])
+
+
+class CodecLayer(DynamicLayer):
+    """One full-attention layer whose KV goes through `tier`'s key and value codecs."""
+
+    is_compileable = False
+    is_croppable = True
+    variable_length: tuple[str, ...] = ()  # names of export_state tensors whose length differs across layers
+
+    def __init__(self, tier: Tier) -> None:
+        super().__init__()
+        if tier.key is None or tier.value is None:
+            raise ValueError(f"tier '{tier.name}' does not encode both keys and values; native layers use "
+                             "transformers' DynamicLayer")
+        self.tier = tier
+        # Tokens archived at a time: whole codec blocks, and at least MIN_ARCHIVE_TOKENS so that per-token
+        # codecs (int8) encode once per 8 steps instead of paying an encode/decode call on every step.
+        self.unit = math.lcm(tier.key.block_tokens, tier.value.block_tokens, MIN_ARCHIVE_TOKENS)
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self.length = 0  # tokens held
+        self.archived_upto = self.tier.keep_first  # tokens [keep_first, archived_upto) are archived
+        self.archive_k, self.archive_v = Archive(), Archive()
+        self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
+        self._view_v: torch.Tensor | None = None
+        self._rest: RawTokens | None = None  # at rest (compact): the raw tokens, and no view
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.is_initialized = True
+
+    @torch.inference_mode()
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Archive what became archivable, append the new (B, H, T, D) states raw, return the (B, H, S, D) views."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.restore()
+        self.flush()
+        new = key_states.shape[2]
+        self._ensure_capacity(key_states, self.length + new)
+        self._view_k[:, :, self.length : self.length + new] = key_states
+        self._view_v[:, :, self.length : self.length + new] = value_states
+        self.length += new
+        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+        return self.keys, self.values
+
+    @torch.inference_mode()
+    def flush(self) -> None:
+        """Encode every complete block that is neither a sink nor in the recent window, then decode it into the view."""
+        flush_layers([self])
+
+    @torch.inference_mode()
+    def adopt(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Take (B, H, S, D) states as this empty layer's first tokens, without archiving them yet (flush does)."""
+        if self.length:
+            raise ValueError("adopt(): the layer already holds tokens")
+        self.update(key_states, value_states)
+
+    def set_left_padding(self, pads: torch.Tensor) -> None:
+        """Keep every row's sinks raw in a left-padded batch ((B,) pad tokens per row), before any token is held.
+
+        The sinks become the first keep_first + max(pads) positions: every pad token stays raw (a codec
+        that shares scales across tokens never fits them to pad states) and so does every row's first
+        keep_first real tokens. The most padded row is then archived exactly as its text alone would be.
+        """
+        if self.length:
+            raise ValueError("set_left_padding(): the layer already holds tokens")
+        self.tier = dataclasses.replace(self.tier, keep_first=self.tier.keep_first + int(pads.max()))
+        self._reset_state()
+
+    needs_decoded = True  # flush_layers hands _archived the decoded tokens (they replace the raw ones in the view)
+
+    def _span(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next `count` tokens to archive, (B, H, count, D) keys and values (views)."""
+        span = slice(self.archived_upto, self.archived_upto + count)
+        return self._view_k[:, :, span], self._view_v[:, :, span]
+
+    def _archived(self, count: int, keys: Encoded, values: Encoded, decoded: tuple | None) -> None:
+        """Store the archive of the next `count` tokens; their decoded (keys, values) replace them in the view."""
+        self.archive_k.append(keys)
+        self.archive_v.append(values)
+        span = slice(self.archived_upto, self.archived_upto + count)
+        self._view_k[:, :, span], self._view_v[:, :, span] = decoded
+        self.archived_upto += count
+
+    def _archivable(self) -> int:
+        """Tokens to archive now: whole units after the archive that are neither sinks nor in the recent window."""
+        end = self.length - self.tier.keep_recent
+        return max((end - self.archived_upto) // self.unit * self.unit, 0)
+
+    def _shorten(self, tokens_to_remove: int) -> bool:
+        """Validate a crop (5.24: a negative count) and shorten `length`; False when there is nothing to do."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove")
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return False
+        self.length = max(self.length + tokens_to_remove, 0)
+        return True
+
+    def _archived_after_crop(self) -> int:
+        """Archived tokens that stay after a crop: the whole units before the new end."""
+        return max(self.length - self.tier.keep_first, 0) // self.unit * self.unit
+
+    def _ensure_capacity(self, like: torch.Tensor, needed: int) -> None:
+        capacity = 0 if self._view_k is None else self._view_k.shape[2]
+        if needed <= capacity:
+            return
+        capacity = max(needed, capacity + max(capacity // 4, VIEW_GROWTH_TOKENS))  # +25%: a long prompt wastes little
+        b, h, _, d = like.shape
+        grown_k = like.new_empty((b, h, capacity, d))
+        grown_v = like.new_empty((b, h, capacity, self._head_dim_v(like)))
+        if self._view_k is not None:
+            grown_k[:, :, : self.length] = self._view_k[:, :, : self.length]
+            grown_v[:, :, : self.length] = self._view_v[:, :, : self.length]
+        self._view_k, self._view_v = grown_k, grown_v
+
+    def _head_dim_v(self, like: torch.Tensor) -> int:
+        return like.shape[3] if self._view_v is None else self._view_v.shape[3]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.is_initialized = False
+        self._reset_state()
+
+    @torch.inference_mode()
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last -tokens_to_remove tokens (transformers 5.24: a negative count).
+
+        Archived blocks past the new end are dropped; tokens of a partly cropped block return to the raw
+        tail with their decoded values (exact for lossless tiers) and are archived again once complete.
+        """
+        self.restore()
+        if not self._shorten(tokens_to_remove):
+            return
+        kept = self._archived_after_crop()
+        if self.tier.keep_first + kept < self.archived_upto:
+            self.archived_upto = self.tier.keep_first + kept
+            self.archive_k.truncate(kept)
+            self.archive_v.truncate(kept)
+        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+    @torch.inference_mode()
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.restore()
+        if self._view_k is None:
+            return
+        indices = indices.to(self._view_k.device)
+        self._view_k, self._view_v = self._view_k.index_select(0, indices), self._view_v.index_select(0, indices)
+        self.archive_k.select_batch(indices)
+        self.archive_v.select_batch(indices)
+        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+
+    @torch.inference_mode()
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.restore()
+        if self._view_k is None:
+            return
+        self._view_k = self._view_k.repeat_interleave(repeats, dim=0)
+        self._view_v = self._view_v.repeat_interleave(repeats, dim=0)
+        self.archive_k.repeat_batch(repeats)
+        self.archive_v.repeat_batch(repeats)
+        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+
+    def footprint(self, layer: int) -> LayerFootprint:
+        """Bytes for the tokens held, after archiving whatever is archivable (design.md definitions)."""
+        if self._rest is not None:  # at rest: the archive and the raw tokens, nothing else
+            rest = self._rest
+            return self._footprint(layer, rest.values_per_token, rest.sink_keys.element_size(), rest.nbytes)
+        if self._view_k is None:
+            return LayerFootprint(layer, "codec", True, 0, 0, 0, 0)
+        self.flush()
+        view = (self._view_k.numel() + self._view_v.numel()) * self._view_k.element_size()
+        b, h, _, d = self._view_k.shape
+        return self._footprint(layer, b * h * (d + self._view_v.shape[3]), self._view_k.element_size(), view)
+
+    def held_bytes(self) -> int:
+        """Bytes of every tensor this layer owns now: archive buffers, the decoded view or, at rest, the raw tokens."""
+        held = self._stored()[2]
+        if self._rest is not None:
+            held += self._rest.nbytes
+        if self._view_k is not None:
+            held += (self._view_k.numel() + self._view_v.numel()) * self._view_k.element_size()
+        return held
+
+    def _raw_tokens(self) -> RawTokens:
+        """The sinks and the raw tail as exact-size tensors (copies from the view, or those kept at rest)."""
+        if self._rest is not None:
+            return self._rest
+        sinks, tail = min(self.length, self.tier.keep_first), slice(min(self.archived_upto, self.length), self.length)
+        k, v = self._view_k, self._view_v
+        return RawTokens(k[:, :, :sinks].clone(), v[:, :, :sinks].clone(), k[:, :, tail].clone(), v[:, :, tail].clone())
+
+    @torch.inference_mode()
+    def compact(self) -> None:
+        """Go to rest: keep the archive (exact size) and the raw tokens; drop the decoded view (restore rebuilds it)."""
+        if self._view_k is None:  # empty, or at rest already
+            return
+        self.flush()
+        self._rest = self._raw_tokens()
+        self._trim_archive()
+        self._view_k = self._view_v = None
+        self.keys, self.values = self.keys.to("meta"), self.values.to("meta")
+
+    @torch.inference_mode()
+    def restore(self) -> float:
+        """Rebuild the decoded view of a layer at rest, bit for bit as before: seconds taken (0.0 if not at rest)."""
+        if self._rest is None:
+            return 0.0
+        start, rest = time.perf_counter(), self._rest
+        b, h, _, d = rest.sink_keys.shape
+        capacity = self.length + VIEW_GROWTH_TOKENS
+        view_k = rest.sink_keys.new_empty((b, h, capacity, d))
+        view_v = rest.sink_values.new_empty((b, h, capacity, rest.sink_values.shape[3]))
+        sinks, tail = rest.sink_keys.shape[2], slice(min(self.archived_upto, self.length), self.length)
+        view_k[:, :, :sinks], view_v[:, :, :sinks] = rest.sink_keys, rest.sink_values
+        if self.archived_upto > self.tier.keep_first:
+            archived = slice(self.tier.keep_first, self.archived_upto)
+            view_k[:, :, archived], view_v[:, :, archived] = self._decode_archive(rest.sink_keys)
+        view_k[:, :, tail], view_v[:, :, tail] = rest.tail_keys, rest.tail_values
+        self._view_k, self._view_v, self._rest = view_k, view_v, None
+        self.keys, self.values = view_k[:, :, : self.length], view_v[:, :, : self.length]
+        if view_k.is_cuda:
+            torch.cuda.synchronize(view_k.device)
+        return time.perf_counter() - start
+
+    def _decode_archive(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every archived token decoded, (B, H, archived, D) keys and values in like's dtype."""
+        return decode(self.archive_k.encoded(), self.tier.key), decode(self.archive_v.encoded(), self.tier.value)
+
+    def _trim_archive(self) -> None:
+        self.archive_k.trim()
+        self.archive_v.trim()
+
+    def export_state(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        """What this layer stores: its raw tokens and archive as named exact-size tensors, and the counts that
+        place them (codeckv/cache/saved.py writes them). The layer itself is left as it was (flushed)."""
+        self.flush()
+        tensors = dict(self._raw_tokens().tensors)
+        tensors.update(self._archive_tensors())
+        return tensors, {"length": self.length, "archived_upto": self.archived_upto}
+
+    def _archive_tensors(self) -> dict[str, torch.Tensor]:
+        if not self.archive_k.tokens:
+            return {}
+        pairs = (("keys", self.archive_k), ("values", self.archive_v))
+        return {f"{side}.{name}": t for side, archive in pairs for name, t in archive.encoded().data.items()}
+
+    @torch.inference_mode()
+    def load_state(self, tensors: dict[str, torch.Tensor], counts: dict[str, int]) -> None:
+        """Become, while empty, the layer that export_state described, at rest (codeckv/cache/saved.py checked it)."""
+        if self.length:
+            raise ValueError("load_state(): the layer already holds tokens")
+        rest = RawTokens(tensors["sink_keys"], tensors["sink_values"], tensors["tail_keys"], tensors["tail_values"])
+        self.lazy_initialization(rest.sink_keys, rest.sink_values)
+        self.length, self.archived_upto = counts["length"], counts["archived_upto"]
+        b, h, _, d = rest.sink_keys.shape
+        meta = {"dtype": rest.sink_keys.dtype, "device": "meta"}
+        self.keys = torch.empty((b, h, self.length, d), **meta)
+        self.values = torch.empty((b, h, self.length, rest.sink_values.shape[3]), **meta)
+        self._load_archive(tensors, rest)
+        self._load_raw(rest)
+
+    def _load_archive(self, tensors: dict[str, torch.Tensor], rest: RawTokens) -> None:
+        archived = self.archived_upto - self.tier.keep_first
+        if archived <= 0:
+            return
+        for side, like in (("keys", rest.sink_keys), ("values", rest.sink_values)):
+            data = {name.split(".", 1)[1]: t for name, t in tensors.items() if name.startswith(f"{side}.")}
+            shape = (like.shape[0], like.shape[1], archived, like.shape[3])
+            setattr(self, f"archive_{side[0]}", Archive.holding(Encoded(data, shape, like.dtype), self.archive_k.tight))
+
+    def _load_raw(self, rest: RawTokens) -> None:
+        self._rest = rest
+
+    def _stored(self) -> tuple[int, int, int]:
+        """(tokens archived, bytes stored for them, bytes allocated for them)."""
+        allocated = self.archive_k.allocated_bytes + self.archive_v.allocated_bytes
+        return self.archive_k.tokens, self.archive_k.nbytes + self.archive_v.nbytes, allocated
+
+    def _footprint(self, layer: int, values_per_token: int, element_size: int, view_bytes: int) -> LayerFootprint:
+        """The layer's LayerFootprint: raw tokens at `element_size`, archive as stored, plus `view_bytes`."""
+        archived, codes, allocated = self._stored()
+        sinks = min(self.length, self.tier.keep_first)
+        after_archive = max(self.length - self.archived_upto, 0)
+        window = min(self.tier.keep_recent, after_archive)
+        raw_bytes = (self.length - archived) * values_per_token * element_size
+        resident = allocated + view_bytes
+        return LayerFootprint(
+            layer, "codec", True, self.length,
+            archive_bytes=codes + raw_bytes,
+            resident_bytes=resident,
+            bf16_bytes=self.length * values_per_token * 2,
+            archived_tokens=archived,
+            code_bytes=codes,
+            sink_tokens=sinks,
+            window_tokens=window,
+            tail_tokens=after_archive - window,
+        )

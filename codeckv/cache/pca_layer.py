@@ -1,0 +1,143 @@
+"""PCALayer: the cache layer of a PCA tier, whose calibrated coder codes keys and values together.
+
+It holds tokens like a CodecLayer (codeckv/cache/layers.py) — sinks, archived chunks, raw tail, one memoized
+decoded view that attention reads — with two differences:
+
+- its coder belongs to one model layer (a calibrated basis, codecs/pca.py) and removes RoPE from keys,
+  so it needs each token's absolute position: its index in the cache. That holds for every path of this
+  product (one sequence, or equal-length rows, starting at position 0); left-padded batches are not supported.
+- the archive is a list of entropy-coded chunks of `unit` tokens (bytes), not fixed-size code tensors;
+  `footprint()` counts exactly those bytes. Flushing encodes, and writes into the view what the stored streams
+  decode to, computed from the integer codes (LayerCoder.archive: the same bits, no entropy decoding).
+  At rest (`compact()`) the layer keeps the chunks and its raw tokens only; restoring decodes the chunks again.
+
+Beam search (batch reordering) and the materialization-free mode are not supported.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from codeckv.cache.layers import MIN_ARCHIVE_TOKENS, CodecLayer, RawTokens
+from codeckv.codecs.base import Encoded
+from codeckv.codecs.pca import Chunk, LayerCoder, archive_layers, spent
+from codeckv.tiers import Tier
+
+
+class PCALayer(CodecLayer):
+    """One full-attention layer of a PCA tier (module docstring); flush_layers archives PCA layers together."""
+
+    variable_length = ("streams",)  # entropy-coded bytes: concatenated over layers in a file (codeckv/cache/saved.py)
+
+    def __init__(self, tier: Tier, coder: LayerCoder, share: float = 1.0) -> None:
+        """share: this layer's share of the tier's bits per element (codeckv.cache.calibration.budget_shares)."""
+        DynamicLayer.__init__(self)
+        if tier.joint is None:
+            raise ValueError(f"tier '{tier.name}' has no joint coder: use CodecLayer (allowed: a PCA tier)")
+        if not share > 0:
+            raise ValueError(f"share={share!r}: a layer's share of the budget must be positive")
+        self.tier, self.coder, self.share = tier, coder, share
+        self.unit = MIN_ARCHIVE_TOKENS  # tokens per stored chunk
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self.length = 0  # tokens held
+        self.archived_upto = self.tier.keep_first  # tokens [keep_first, archived_upto) are archived
+        self.chunks: list[Chunk] = []  # one per `unit` archived tokens, in order
+        self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
+        self._view_v: torch.Tensor | None = None
+        self._rest: RawTokens | None = None  # at rest (compact): the raw tokens, and no view
+
+    @torch.inference_mode()
+    def flush(self) -> None:
+        """Encode each complete chunk outside the sinks and the recent window; what they decode to goes in the view."""
+        request = self._flush_request()
+        if request is not None:
+            self._flushed(*archive_layers([request])[0])
+
+    def _flush_request(self) -> tuple | None:
+        """What flush hands the coder (codecs/pca.py archive_layers; flush_layers batches layers), or None."""
+        count = self._archivable()
+        if count <= 0:
+            return None
+        keys, values = self._span(count)
+        budget = self.coder.budget(self.tier.joint.bits_per_element * self.share, keys.shape[0])
+        return self.coder, keys, values, self.archived_upto, self.unit, budget, spent(self.chunks, self.unit)
+
+    def _flushed(self, chunks: list[Chunk], decoded: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Keep the chunks archive_layers made of this layer's request; what they decode to goes in the view."""
+        start, count = self.archived_upto, decoded[0].shape[2]
+        self.chunks += chunks
+        self._view_k[:, :, start : start + count], self._view_v[:, :, start : start + count] = decoded
+        self.archived_upto += count
+
+    def _stored(self) -> tuple[int, int, int]:
+        held = sum(chunk.nbytes for chunk in self.chunks)
+        return len(self.chunks) * self.unit, held, held
+
+    def _decode_archive(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.coder.decode(self.chunks, self.tier.keep_first, self.unit, like.shape[0], like.dtype)
+
+    def _trim_archive(self) -> None:
+        """Chunks are exact-size byte strings already."""
+
+    def _archive_tensors(self) -> dict[str, torch.Tensor]:
+        """The chunks' streams end to end (uint8), their lengths (int32) and rungs (uint8), each sink chunk's sink."""
+        if not self.chunks:
+            return {}
+        streams = bytearray(b"".join(chunk.stream for chunk in self.chunks))
+        tensors = {
+            "streams": torch.frombuffer(streams, dtype=torch.uint8) if streams else torch.empty(0, dtype=torch.uint8),
+            "stream_lengths": torch.tensor([len(chunk.stream) for chunk in self.chunks], dtype=torch.int32),
+            "rungs": torch.tensor([chunk.rung for chunk in self.chunks], dtype=torch.uint8),
+        }
+        for j, chunk in enumerate(self.chunks):
+            if chunk.sink:
+                for side, enc in zip(("keys", "values"), chunk.sink):
+                    tensors.update({f"sink{j}.{side}.{name}": t for name, t in enc.data.items()})
+        return tensors
+
+    def _load_archive(self, tensors: dict[str, torch.Tensor], rest: RawTokens) -> None:
+        """The chunks back from _archive_tensors (sink chunks: those whose rows start below the coder's sink_tokens)."""
+        count = max(self.archived_upto - self.tier.keep_first, 0) // self.unit
+        lengths = tensors["stream_lengths"].tolist() if count else []
+        rungs = tensors["rungs"].tolist() if count else []
+        data = tensors["streams"].numpy().tobytes() if count else b""
+        self.chunks, offset = [], 0
+        for j, length in enumerate(lengths):
+            rows = min(max(self.coder.sink_tokens - self.tier.keep_first - j * self.unit, 0), self.unit)
+            sink = None
+            if rows:
+                sink = tuple(
+                    Encoded({n.split(".", 2)[2]: t for n, t in tensors.items() if n.startswith(f"sink{j}.{side}.")},
+                            (like.shape[0], like.shape[1], rows, like.shape[3]), like.dtype)
+                    for side, like in (("keys", rest.sink_keys), ("values", rest.sink_values))
+                )
+            self.chunks.append(Chunk(data[offset : offset + length], rungs[j], sink))
+            offset += length
+
+    @torch.inference_mode()
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last -tokens_to_remove tokens; chunks past the new end are dropped (CodecLayer.crop)."""
+        self.restore()
+        if not self._shorten(tokens_to_remove):
+            return
+        kept = self._archived_after_crop()
+        if self.tier.keep_first + kept < self.archived_upto:
+            self.archived_upto = self.tier.keep_first + kept
+            del self.chunks[kept // self.unit :]
+        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise ValueError(f"tier '{self.tier.name}' does not support beam search or batch reordering "
+                         "(allowed: greedy or sampled generation)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise ValueError(f"tier '{self.tier.name}' does not support repeating batch rows "
+                         "(allowed: num_return_sequences=1)")
+
+    def set_left_padding(self, pads: torch.Tensor) -> None:
+        if int(pads.max()):
+            raise ValueError(f"tier '{self.tier.name}' removes RoPE at each token's index in the cache, which a "
+                             "left-padded row does not start at (allowed: rows of equal length, no padding)")

@@ -1,0 +1,581 @@
+"""Save and resume a codec cache: one safetensors file (tensors only, no pickle) with a versioned JSON header.
+
+    cache.save("chat.kvc", token_ids, loaded)      # CodecCache.save -> save_cache: the bytes written
+    saved = load_cache("chat.kvc", loaded)          # SavedCache: .cache (a CodecCache at rest), .token_ids, .header
+    loaded.model(next_ids, cache=saved.cache)       # goes on exactly as the cache that was saved would have
+
+Format "codeckv-cache", version 2 (version 1, before per-layer schedules and PCA rate control, still loads
+its non-PCA caches; its PCA caches were coded with calibrations that no longer exist, which the calibration
+digest refuses). The safetensors metadata holds one key, "codeckv", a JSON object:
+
+    format, version       "codeckv-cache", 2
+    tier                  the tier as data, enough to rebuild it exactly (presets, custom_tier, keep_first /
+                          keep_recent overrides): name, description, keep_first, keep_recent, max_rel_error
+                          (null = unbounded), key and value codecs as {"codec": class name, field: value, ...}
+                          (a wrapped codec nested in its field), or joint (the JointPCA fields), and per_layer:
+                          [[layer index, tier], ...], the per-layer schedule (codeckv/cache/schedule.py; [] = none)
+    materialization_free  the mode the cache ran in: true (attention on the codes), false (a decoded view), or
+                          null (a schedule whose layers differ: the codes wherever the layer's tier allows)
+    short_view            true when its codes layers chose a short context's decoded view by themselves (the
+                          default path, codeckv/cache/coded_layer.py); absent = false
+    model                 name (null when not given), geometry (per layer: "codec" or "sliding" and its window;
+                          KV heads, head_dim, dtype), calibration (PCA tiers: sha256 of every layer's coder; else null)
+    tokens, batch         tokens every layer holds; rows of the batch
+    layers                per model layer: {"kind": "codec", "length", "archived_upto"} or
+                          {"kind": "sliding", "cumulative_length"}
+    splits                variable-length tensors (PCA streams): their length per layer
+    sha256                of every tensor (name and bytes, in name order)
+    extra                 an application's own JSON (the Chat: the conversation's exchanges), or null
+
+Tensors: "token_ids" (B, T) int32, and per layer kind each tensor a layer exports (CodecLayer.export_state: the
+raw sinks and tail, the archive's code tensors or PCA streams, their lengths and rungs; a sliding layer: its
+window's keys and values) stacked over the layers of that kind on a new first axis, as "codec.<name>" /
+"sliding.<name>" (a 1-D variable-length one, concatenated). The codec layers of a schedule are stacked per tier,
+in the order the tiers first appear in the model's layers: "codec.<name>" for the first, "codec1.<name>",
+"codec2.<name>", ... So a file is the cache's held bytes at rest (archive + raw tokens) plus the token ids and a
+header of a few KiB (`python -m codeckv saved-size` measures it per tier).
+
+Loading checks everything it can before it reads a tensor: the file size (max_bytes), the safetensors header
+(every offset inside the file, nothing missing at its end), the JSON, format and version, the tier (rebuilt from
+data, never imported by name), the model (geometry and name), the calibration of a PCA tier, every count, and
+every tensor's name, dtype and shape against what the layers of this tier expect; then the sha256 of what it
+read. Any failure raises SavedCacheError (a ValueError) with the reason and what is allowed; nothing is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import safetensors
+import safetensors.torch
+import torch
+from transformers.cache_utils import DynamicSlidingWindowLayer
+
+from codeckv.cache.coded_layer import CodedLayer
+from codeckv.cache.layers import CodecLayer
+from codeckv.cache.pca_layer import PCALayer
+from codeckv.cache.schedule import tiers_used
+from codeckv.codecs import DCT, Cast, Delta, GroupQuant, LloydMaxQuant, Rotation
+from codeckv.codecs.pca import SINK_CODEC, JointPCA
+from codeckv.codecs.rate import SKIP
+from codeckv.loaded import LoadedModel
+from codeckv.tiers import Tier
+
+FORMAT = "codeckv-cache"
+VERSION = 2  # 2: per-layer schedules; PCA chunks carry their rate-control rung ("rungs")
+READABLE_VERSIONS = (1, 2)
+MAX_FILE_BYTES = 512 << 20  # load_cache's default cap: an 8k-token lossless (png) cache of smollm2-135m fits
+MAX_HEADER_BYTES = 8 << 20  # the safetensors JSON header (the Chat's conversation text included)
+CODECS = {cls.__name__: cls for cls in (Cast, DCT, Delta, GroupQuant, LloydMaxQuant, Rotation)}
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+          "BOOL": torch.bool}
+
+
+class SavedCacheError(ValueError):
+    """A cache file that cannot be saved or loaded here; the message says why and what is allowed."""
+
+
+@dataclass
+class SavedCache:
+    """A loaded cache file: the cache (at rest: restore() or its next update rebuilds any view), its tokens, header."""
+
+    cache: object  # CodecCache
+    token_ids: torch.Tensor  # (B, T) int64: the tokens the cache holds, in order
+    header: dict
+
+
+# --- the tier as data ------------------------------------------------------------------------------------------
+
+def codec_spec(codec) -> dict | None:
+    """A codec as JSON data: {"codec": class name, field: value, ...}, a wrapped codec nested."""
+    if codec is None:
+        return None
+    if type(codec) not in CODECS.values():
+        raise SavedCacheError(f"codec {codec!r} cannot be saved (allowed: {', '.join(CODECS)})")
+    spec = {"codec": type(codec).__name__}
+    for f in dataclasses.fields(codec):
+        value = getattr(codec, f.name)
+        spec[f.name] = codec_spec(value) if type(value) in CODECS.values() else value
+    return spec
+
+
+def codec_from_spec(spec):
+    """The codec codec_spec described (every field checked by the codec itself)."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or spec.get("codec") not in CODECS:
+        raise SavedCacheError(f"codec {spec!r} is not one this version can rebuild (allowed: {', '.join(CODECS)})")
+    fields = {k: v for k, v in spec.items() if k != "codec"}
+    for name, value in fields.items():
+        if isinstance(value, dict):
+            fields[name] = codec_from_spec(value)
+        elif isinstance(value, list):
+            fields[name] = tuple(value)
+    try:
+        return CODECS[spec["codec"]](**fields)
+    except (TypeError, ValueError) as err:
+        raise SavedCacheError(f"codec {spec['codec']} cannot be rebuilt from {fields}: {err}") from None
+
+
+def tier_spec(tier: Tier) -> dict:
+    """A tier as JSON data; refused (SavedCacheError) unless tier_from_spec rebuilds exactly this tier."""
+    spec = {
+        "name": tier.name, "description": tier.description, "keep_first": tier.keep_first,
+        "keep_recent": tier.keep_recent,
+        "max_rel_error": None if math.isinf(tier.max_rel_error) else tier.max_rel_error,
+        "key": codec_spec(tier.key), "value": codec_spec(tier.value),
+        "joint": dataclasses.asdict(tier.joint) if tier.joint is not None else None,
+        "per_layer": [[index, tier_spec(layer_tier)] for index, layer_tier in tier.per_layer],
+    }
+    if tier_from_spec(json.loads(json.dumps(spec))) != tier:
+        raise SavedCacheError(f"tier '{tier.name}' cannot be rebuilt from data exactly, so it cannot be saved "
+                              "(allowed: tiers of codeckv.tiers: presets, custom_tier, pca_tier)")
+    return spec
+
+
+def tier_from_spec(spec) -> Tier:
+    """The tier tier_spec described."""
+    keys = {"name", "description", "keep_first", "keep_recent", "max_rel_error", "key", "value", "joint"}
+    if not isinstance(spec, dict) or set(spec) - {"per_layer"} != keys:
+        raise SavedCacheError(f"the tier in the header is not a tier of this format (allowed keys: "
+                              f"{sorted(keys | {'per_layer'})})")
+    joint, per_layer = spec["joint"], spec.get("per_layer", [])
+    if not isinstance(per_layer, list) or not all(isinstance(e, list) and len(e) == 2 for e in per_layer):
+        raise SavedCacheError("the tier's per_layer in the header is not a list of [layer index, tier] pairs")
+    try:
+        if joint is not None:
+            joint = JointPCA(**joint) if isinstance(joint, dict) else None
+            if joint is None:
+                raise ValueError("joint must be an object of JointPCA fields")
+        bound = math.inf if spec["max_rel_error"] is None else spec["max_rel_error"]
+        return Tier(spec["name"], spec["description"], key=codec_from_spec(spec["key"]),
+                    value=codec_from_spec(spec["value"]), keep_first=spec["keep_first"],
+                    keep_recent=spec["keep_recent"], max_rel_error=bound, joint=joint,
+                    per_layer=tuple((index, tier_from_spec(layer)) for index, layer in per_layer))
+    except (TypeError, ValueError) as err:
+        raise SavedCacheError(f"the tier in the header cannot be rebuilt: {err}") from None
+
+
+# --- model identity --------------------------------------------------------------------------------------------
+
+def _model_and_name(source) -> tuple[object, str | None]:
+    """(the transformers model, its name) of a LoadedModel or a model; (None, None) for None."""
+    if source is None:
+        return None, None
+    if isinstance(source, LoadedModel):
+        return source.model, source.info.name
+    if not hasattr(source, "config"):
+        raise SavedCacheError(f"{type(source).__name__} is not a model (allowed: a LoadedModel, a transformers model)")
+    return source, getattr(source.config, "name_or_path", None) or None
+
+
+def _kinds(cache) -> list[dict]:
+    """Per layer of a CodecCache: {"kind": "codec"} or {"kind": "sliding", "window": W}; other layers are refused."""
+    kinds = []
+    for index, layer in enumerate(cache.layers):
+        if isinstance(layer, CodecLayer):
+            kinds.append({"kind": "codec"})
+        elif type(layer) is DynamicSlidingWindowLayer:
+            kinds.append({"kind": "sliding", "window": layer.sliding_window})
+        else:
+            raise SavedCacheError(f"layer {index} is a {type(layer).__name__}, which this format cannot save "
+                                  "(allowed: codec layers and DynamicSlidingWindowLayer)")
+    return kinds
+
+
+def model_geometry(model, cache) -> dict:
+    """What a cache file must agree with: each layer's kind (from `cache`, built for `model`), KV heads, dims, dtype."""
+    config = model.config.get_text_config(decoder=True)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {"layers": _kinds(cache), "kv_heads": config.num_key_value_heads, "head_dim": head_dim,
+            "dtype": str(model.dtype).removeprefix("torch.")}
+
+
+def cache_geometry(cache) -> dict:
+    """The same geometry read from a cache's own tensors (what a file saved without its model records)."""
+    first = next(layer for layer in cache.layers if isinstance(layer, CodecLayer))
+    raw = first._raw_tokens()
+    return {"layers": _kinds(cache), "kv_heads": raw.sink_keys.shape[1], "head_dim": raw.sink_keys.shape[3],
+            "dtype": str(raw.sink_keys.dtype).removeprefix("torch.")}
+
+
+def tensor_groups(cache) -> list[str]:
+    """Per layer, the group its tensors are stacked in: "sliding", or "codec", "codec1", ... by the layer's tier."""
+    tiers: list = []
+    groups = []
+    for layer in cache.layers:
+        if not isinstance(layer, CodecLayer):
+            groups.append("sliding")
+            continue
+        if layer.tier not in tiers:
+            tiers.append(layer.tier)
+        position = tiers.index(layer.tier)
+        groups.append(f"codec{position or ''}")
+    return groups
+
+
+def _mode(cache) -> bool | None:
+    """True when every codec layer attends on its codes, False when none does, None for a mix (a schedule)."""
+    coded = {type(layer).__name__ == "CodedLayer" for layer in cache.layers if isinstance(layer, CodecLayer)}
+    return coded.pop() if len(coded) == 1 else None
+
+
+def calibration_digest(coders: list) -> str:
+    """sha256 of the layer coders of a PCA cache (basis, mean, step, entropy tables), in layer order."""
+    digest = hashlib.sha256()
+    for coder in coders:
+        for t in (coder.mean, coder.enc, coder.dec, *coder.table.state().values()):
+            digest.update(_bytes(t))
+        digest.update(repr((coder.step, coder.heads, coder.head_dim, coder.rope.theta, coder.sink_tokens)).encode())
+    return digest.hexdigest()
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode() + b"\0")
+        digest.update(_bytes(tensors[name]))
+    return digest.hexdigest()
+
+
+# --- save ------------------------------------------------------------------------------------------------------
+
+def save_cache(cache, path: str | Path, token_ids, model=None, extra=None) -> int:
+    """Write `cache` and the (B, T) token ids it holds to `path` (format above): the file's size in bytes.
+
+    model: a LoadedModel or a transformers model, recorded by name and checked against the cache's geometry.
+    extra: JSON-serializable data of the application, stored in the header as it is.
+    """
+    model, name = _model_and_name(model)
+    ids = torch.as_tensor(token_ids)
+    ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
+    if ids.dim() != 2 or not ids.numel() or ids.is_floating_point():
+        raise SavedCacheError(f"token_ids must be (T,) or (B, T) integer ids of the tokens the cache holds, got "
+                              f"{tuple(ids.shape)} {ids.dtype}")
+    if not any(isinstance(layer, CodecLayer) for layer in cache.layers):
+        raise SavedCacheError("nothing to save: the cache has no codec layer (allowed: a CodecCache of a tier)")
+    geometry = cache_geometry(cache)
+    if model is not None and model_geometry(model, cache) != geometry:
+        raise SavedCacheError(f"this cache does not belong to {name or 'the given model'}: its geometry is "
+                              f"{geometry}, the model's {model_geometry(model, cache)}")
+    layers, groups = [], tensor_groups(cache)
+    grouped, variable = {group: {} for group in groups}, set()
+    for index, (layer, group) in enumerate(zip(cache.layers, groups)):
+        if isinstance(layer, CodecLayer):
+            if layer.tier != cache.tier.tier_at(index):
+                raise SavedCacheError(f"layer {index} was set up for a left-padded batch, which this format cannot "
+                                      "save (allowed: rows without padding)")
+            tensors, counts = layer.export_state()
+            kind = "codec"
+        else:
+            if layer.record_past:
+                raise SavedCacheError(f"sliding layer {index} records its past (assisted decoding): crop it first")
+            tensors = {"keys": layer.keys, "values": layer.values}
+            counts = {"cumulative_length": layer.cumulative_length}
+            kind = "sliding"
+        held = counts.get("length", counts.get("cumulative_length"))
+        if held != ids.shape[1]:
+            raise SavedCacheError(f"layer {index} holds {held} tokens but {ids.shape[1]} token ids were given "
+                                  "(allowed: the ids of exactly the tokens the cache holds)")
+        layers.append({"kind": kind, **counts})
+        for key, tensor in tensors.items():
+            grouped[group].setdefault(key, []).append(tensor.detach().cpu())
+        variable.update(f"{group}.{key}" for key in getattr(layer, "variable_length", ()))
+    tensors, splits = {"token_ids": ids.to(torch.int32).cpu().contiguous()}, {}
+    for group, named in grouped.items():
+        for key, parts in named.items():
+            if len(parts) != groups.count(group):
+                raise SavedCacheError(f"'{key}' is held by some {group} layers only: the layers disagree")
+            if f"{group}.{key}" not in variable and all(p.shape == parts[0].shape for p in parts):
+                tensors[f"{group}.{key}"] = torch.stack(parts).contiguous()
+            elif all(p.dim() == 1 for p in parts):
+                tensors[f"{group}.{key}"] = torch.cat(parts).contiguous()
+                splits[f"{group}.{key}"] = [p.numel() for p in parts]
+            else:
+                raise SavedCacheError(f"'{key}' has different shapes across {group} layers: the layers disagree")
+    pca = [layer.coder for layer in cache.layers if isinstance(layer, PCALayer)]
+    header = {
+        "format": FORMAT, "version": VERSION, "tier": tier_spec(cache.tier),
+        "materialization_free": _mode(cache),
+        "short_view": any(getattr(layer, "short_view", False) for layer in cache.layers),
+        "model": {"name": name, "geometry": geometry, "calibration": calibration_digest(pca) if pca else None},
+        "tokens": ids.shape[1], "batch": ids.shape[0], "layers": layers, "splits": splits,
+        "sha256": _tensors_digest(tensors), "extra": extra,
+    }
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    safetensors.torch.save_file(tensors, str(tmp), metadata={"codeckv": json.dumps(header, separators=(",", ":"))})
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+    return path.stat().st_size
+
+
+# --- load ------------------------------------------------------------------------------------------------------
+
+def read_header(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[dict, dict]:
+    """(the codeckv header, {tensor name: (dtype, shape)}) of a file, checked, without reading any tensor."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        raise SavedCacheError(f"{path.name}: cannot be read ({err.strerror})") from None
+    if size > max_bytes:
+        raise SavedCacheError(f"{path.name} is {size:,} bytes, more than the {max_bytes:,} allowed here")
+    with path.open("rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise SavedCacheError(f"{path.name} is truncated or not a cache file ({size} bytes)")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > min(size - 8, MAX_HEADER_BYTES):
+            raise SavedCacheError(f"{path.name}: its header claims {length:,} bytes (allowed: at most "
+                                  f"{min(size - 8, MAX_HEADER_BYTES):,}): truncated, or not a cache file")
+        raw = f.read(length)
+    try:
+        entries = json.loads(raw)
+        header = json.loads(entries.pop("__metadata__")["codeckv"])
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise SavedCacheError(f"{path.name} is not a {FORMAT} file (its header is not the JSON this format "
+                              "writes)") from None
+    shapes, end = {}, 0
+    for name, entry in entries.items():
+        try:
+            dtype, shape = DTYPES[entry["dtype"]], [int(n) for n in entry["shape"]]
+            lo, hi = (int(n) for n in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise SavedCacheError(f"{path.name}: tensor '{name}' is described wrongly (allowed dtypes: "
+                                  f"{', '.join(DTYPES)})") from None
+        if min(shape, default=0) < 0 or hi - lo != math.prod(shape) * dtype.itemsize or lo < 0:
+            raise SavedCacheError(f"{path.name}: tensor '{name}' has offsets that do not match its shape")
+        shapes[name], end = (dtype, tuple(shape)), max(end, hi)
+    if 8 + length + end != size:
+        raise SavedCacheError(f"{path.name} is {size:,} bytes but its header describes {8 + length + end:,}: "
+                              "the file is truncated or has extra bytes")
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise SavedCacheError(f"{path.name} is not a {FORMAT} file (format {header.get('format')!r})")
+    if header.get("version") not in READABLE_VERSIONS:
+        raise SavedCacheError(f"{path.name} is {FORMAT} version {header.get('version')!r}, which this codeckv "
+                              f"cannot read (allowed: {', '.join(map(str, READABLE_VERSIONS))})")
+    return header, shapes
+
+
+def load_cache(path: str | Path, source, max_bytes: int = MAX_FILE_BYTES, materialization_free: bool | None = None,
+               calibration=None) -> SavedCache:
+    """Rebuild the CodecCache saved at `path` for `source` (a LoadedModel or a transformers model), at rest.
+
+    max_bytes: the largest file accepted (checked from its size first). materialization_free: None = as saved.
+    calibration: a PCA tier's Calibration when `source` is a bare model (a LoadedModel finds its own).
+    Raises SavedCacheError (checks in the module docstring); nothing is allocated before they pass.
+    """
+    from codeckv.cache import CodecCache
+    from codeckv.cache.calibration import calibration_for
+
+    header, shapes = read_header(path, max_bytes)
+    model, name = _model_and_name(source)
+    if model is None:
+        raise SavedCacheError("load_cache needs the model the cache is for (allowed: a LoadedModel or a model)")
+    try:
+        tokens, batch, layers, splits = (header[k] for k in ("tokens", "batch", "layers", "splits"))
+        saved_model, mode = header["model"], header["materialization_free"]
+        saved_name, geometry = saved_model["name"], saved_model["geometry"]
+    except (KeyError, TypeError):
+        raise SavedCacheError("the header lacks fields of this format (tokens, batch, layers, splits, model, "
+                              "materialization_free)") from None
+    if not (_count(tokens, 1) and _count(batch, 1) and isinstance(layers, list) and isinstance(splits, dict)):
+        raise SavedCacheError("the header's tokens, batch, layers or splits are not what this format writes")
+    if shapes.get("token_ids") != (torch.int32, (batch, tokens)):
+        raise SavedCacheError(f"the file's token ids are not the {batch} x {tokens} the header says (corrupted file)")
+    context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    if context is not None and tokens > context:
+        raise SavedCacheError(f"the file holds {tokens:,} tokens, more than this model's context of {context:,}")
+    tier = tier_from_spec(header.get("tier"))
+    if tier.is_native:
+        raise SavedCacheError("the header's tier is native (allowed: a tier that encodes)")
+    if saved_name and name and saved_name != name:
+        raise SavedCacheError(f"this cache was saved from {saved_name}, not {name} (allowed: the same model)")
+    if materialization_free is not None:
+        mode = bool(materialization_free)
+    elif mode is not None:
+        mode = bool(mode)
+    if any(t.joint is not None for t in tiers_used(tier)) and calibration is None:
+        if not isinstance(source, LoadedModel):
+            raise SavedCacheError(f"tier '{tier.name}' needs the model's calibration: pass a LoadedModel or "
+                                  "calibration=")
+        calibration = calibration_for(source, tier)
+    try:
+        cache = CodecCache.from_config(model.config, tier, mode, calibration)
+    except ValueError as err:
+        raise SavedCacheError(f"the saved tier cannot run on this model: {err}") from None
+    if materialization_free is None and header.get("short_view") is True:  # as saved: the default path's choice
+        for layer in cache.layers:
+            if isinstance(layer, CodedLayer):
+                layer.short_view = True
+    if geometry != model_geometry(model, cache):
+        raise SavedCacheError(f"this cache was saved from a model of another shape ({geometry}) than "
+                              f"{name or 'this model'} ({model_geometry(model, cache)}) (allowed: the same model)")
+    pca = [layer.coder for layer in cache.layers if isinstance(layer, PCALayer)]
+    if pca and saved_model.get("calibration") != calibration_digest(pca):
+        raise SavedCacheError(f"tier '{tier.name}' was calibrated differently where this cache was saved "
+                              "(allowed: a file saved with the same calibration of the same model)")
+    groups = tensor_groups(cache)
+    counts = _checked_counts(cache, layers, tokens, groups)
+    expected = _expected(cache, counts, groups, batch, tokens, geometry, model.dtype)
+    _check_tensors(expected, shapes, splits)
+    tensors = _read(path, sorted(expected))
+    if _tensors_digest(tensors) != header.get("sha256"):
+        raise SavedCacheError("the file's tensors do not match its checksum: the file is corrupted")
+    ids = tensors["token_ids"].long()
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise SavedCacheError(f"the saved token ids are outside this model's vocabulary (allowed: 0..{vocab - 1})")
+    _fill(cache, counts, groups, tensors, splits, model.device)
+    return SavedCache(cache, ids, header)
+
+
+def _count(value, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _checked_counts(cache, layers: list, tokens: int, groups: list[str]) -> list[dict]:
+    """The header's per-layer counts, checked against the tier's archiving rules (what a real cache can hold)."""
+    if len(layers) != len(cache.layers):
+        raise SavedCacheError(f"the header describes {len(layers)} layers, the model has {len(cache.layers)}")
+    checked = []
+    for index, (counts, layer) in enumerate(zip(layers, cache.layers)):
+        if not isinstance(counts, dict):
+            raise SavedCacheError(f"layer {index}: its entry is not an object")
+        if isinstance(layer, CodecLayer):
+            length, upto = counts.get("length"), counts.get("archived_upto")
+            keep_first, keep_recent = layer.tier.keep_first, layer.tier.keep_recent
+            valid = (counts.get("kind") == "codec" and _count(length) and _count(upto) and length == tokens
+                     and keep_first <= upto <= max(length, keep_first) and (upto - keep_first) % layer.unit == 0
+                     and length - keep_recent - upto < layer.unit)
+            entry = {"kind": "codec", "length": length, "archived_upto": upto}
+        else:
+            cumulative = counts.get("cumulative_length")
+            valid = counts.get("kind") == "sliding" and cumulative == tokens
+            entry = {"kind": "sliding", "cumulative_length": cumulative}
+        if not valid:
+            raise SavedCacheError(f"layer {index}: counts {counts} are not what a {tokens}-token cache of this tier "
+                                  "holds (the file is corrupted)")
+        checked.append(entry)
+    for group in set(groups) - {"sliding"}:
+        if len({json.dumps(c, sort_keys=True) for c, g in zip(checked, groups) if g == group}) > 1:
+            raise SavedCacheError("the counts of codec layers of one tier disagree (the file is corrupted)")
+    return checked
+
+
+def _expected(cache, counts: list[dict], groups: list[str], batch: int, tokens: int, geometry: dict, dtype) -> dict:
+    """{tensor name: (dtype, shape)} the file must hold, from the tiers, the counts and the model's geometry."""
+    b, h, d = batch, geometry["kv_heads"], geometry["head_dim"]
+    expected = {"token_ids": (torch.int32, (b, tokens))}
+    sliding = [layer for layer, c in zip(cache.layers, counts) if c["kind"] == "sliding"]
+    for group in dict.fromkeys(g for g in groups if g != "sliding"):
+        members = [(layer, c) for layer, c, g in zip(cache.layers, counts, groups) if g == group]
+        for name, (kind_dtype, shape) in _expected_per_layer(*members[0], b, h, d, dtype).items():
+            expected[f"{group}.{name}"] = (kind_dtype, len(members) if shape is None else (len(members), *shape))
+    if sliding:
+        window = min(tokens, sliding[0].sliding_window - 1)
+        for name in ("keys", "values"):
+            expected[f"sliding.{name}"] = (dtype, (len(sliding), b, h, window, d))
+        if any(layer.sliding_window != sliding[0].sliding_window for layer in sliding):
+            raise SavedCacheError("this model's sliding layers have different windows, which this format cannot load")
+    return expected
+
+
+def _expected_per_layer(layer, c: dict, b: int, h: int, d: int, dtype) -> dict:
+    """{tensor name: (dtype, shape)} one codec layer of this tier exports holding the tokens its counts `c` say."""
+    length, upto, keep_first = c["length"], c["archived_upto"], layer.tier.keep_first
+    sinks, tail = (dtype, (b, h, min(length, keep_first), d)), (dtype, (b, h, length - min(upto, length), d))
+    per_layer = {"sink_keys": sinks, "sink_values": sinks, "tail_keys": tail, "tail_values": tail}
+    archived = upto - keep_first
+    if archived > 0 and isinstance(layer, PCALayer):
+        chunks = archived // layer.unit
+        per_layer["stream_lengths"] = (torch.int32, (chunks,))
+        per_layer["rungs"] = (torch.uint8, (chunks,))
+        per_layer["streams"] = (torch.uint8, None)  # variable length: one length per layer in splits
+        for j in range(chunks):
+            rows = min(max(layer.coder.sink_tokens - keep_first - j * layer.unit, 0), layer.unit)
+            if rows:
+                for side in ("keys", "values"):
+                    for name, t in SINK_CODEC.encode(torch.zeros(b, h, rows, d, dtype=dtype)).data.items():
+                        per_layer[f"sink{j}.{side}.{name}"] = (t.dtype, tuple(t.shape))
+    elif archived > 0:
+        for side, codec_of in (("keys", layer.tier.key), ("values", layer.tier.value)):
+            probe = codec_of.encode(torch.zeros(b, h, layer.unit, d, dtype=dtype))
+            for name, t in probe.data.items():
+                shape = (*t.shape[:2], t.shape[2] * archived // layer.unit, *t.shape[3:])
+                per_layer[f"{side}.{name}"] = (t.dtype, shape)
+    return per_layer
+
+
+def _check_tensors(expected: dict, shapes: dict, splits: dict) -> None:
+    """Every expected tensor present with its dtype and shape, nothing else.
+
+    expected: name -> (dtype, shape), or (dtype, layers) for a 1-D tensor concatenated over that many layers,
+    whose lengths per layer the header's splits give.
+    """
+    missing, unexpected = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
+    if missing or unexpected:
+        raise SavedCacheError(f"the file's tensors are not this tier's: missing {missing}, unexpected {unexpected}")
+    variable = {name for name, (_, shape) in expected.items() if isinstance(shape, int)}
+    if set(splits) != variable:
+        raise SavedCacheError(f"the header's splits name {sorted(splits)}, this tier's variable-length tensors are "
+                              f"{sorted(variable)} (the file is corrupted)")
+    for name, (dtype, shape) in expected.items():
+        got_dtype, got_shape = shapes[name]
+        if name in variable:
+            parts = splits[name]
+            if not (isinstance(parts, list) and len(parts) == shape and all(_count(p) for p in parts)):
+                raise SavedCacheError(f"the header's splits of '{name}' are not {shape} lengths (corrupted file)")
+            shape = (sum(parts),)
+        if got_dtype != dtype or got_shape != shape:
+            raise SavedCacheError(f"tensor '{name}' is {got_dtype} {list(got_shape)}, this tier holds {dtype} "
+                                  f"{list(shape)} here (the file is corrupted)")
+
+
+def _read(path: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    try:
+        with safetensors.safe_open(str(path), framework="pt", device="cpu") as f:
+            return {name: f.get_tensor(name) for name in names}
+    except (OSError, safetensors.SafetensorError) as err:
+        raise SavedCacheError(f"{Path(path).name}: its tensors cannot be read ({err})") from None
+
+
+def _fill(cache, counts: list[dict], groups: list[str], tensors: dict, splits: dict, device) -> None:
+    """Hand every layer its tensors (unstacked from its group), on the model's device."""
+    positions = dict.fromkeys(groups, 0)
+    for layer, c, group in zip(cache.layers, counts, groups):
+        position = positions[group]
+        positions[group] += 1
+        mine = {}
+        for name, t in tensors.items():
+            if name.startswith(f"{group}."):
+                key = name.split(".", 1)[1]
+                if name in splits:
+                    lo = sum(splits[name][:position])
+                    mine[key] = t[lo : lo + splits[name][position]].to(device)
+                else:
+                    mine[key] = t[position].to(device)
+        if c["kind"] == "codec":
+            lengths = mine.get("stream_lengths")
+            if lengths is not None and (int(lengths.min()) < 0 or int(lengths.long().sum()) != mine["streams"].numel()):
+                raise SavedCacheError("a layer's stream lengths disagree with its streams (the file is corrupted)")
+            rungs = mine.get("rungs")
+            if rungs is not None and (int(rungs.max()) > SKIP or bool(((rungs == SKIP) & (lengths != 0)).any())):
+                raise SavedCacheError(f"a layer's chunk rungs are not 0..{SKIP} with no stream at {SKIP} "
+                                      "(the file is corrupted)")
+            layer.load_state(mine, c)
+        else:
+            layer.lazy_initialization(mine["keys"], mine["values"])
+            layer.keys, layer.values, layer.cumulative_length = mine["keys"], mine["values"], c["cumulative_length"]

@@ -1,0 +1,57 @@
+"""codeckv quality: per tier and peer, bytes vs bf16, KLD, top-1 and ΔNLL with their spread over windows."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from codeckv.cli.common import file_stem, forward_bar, load, write_figures
+from codeckv.cli.types import bits_list, positive, run_name
+
+NAME = "quality"
+HELP = "per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--windows", type=positive, default=4, help="text windows (default 4)")
+    parser.add_argument("--length", type=positive, default=512, help="tokens per window (default 512)")
+    parser.add_argument("--tiers", nargs="*", type=run_name,
+                        help="tier or peer names (default: every tier, and every peer installed)")
+    parser.add_argument("--source", default="corpus", choices=["corpus", "docstrings"],
+                        help="corpus: the Python reference topics (default); docstrings: the held-out text")
+    parser.add_argument("--text-file", help="measure on this UTF-8 text file instead")
+    parser.add_argument("--pca-bits", type=bits_list, default=[], metavar="B,B,...",
+                        help="also PCA tiers at these bits per element (rows pca-<B>b: the PCA frontier)")
+    parser.add_argument("--out", help="CSV path (default out/quality-<model>[-<source>].csv)")
+    parser.add_argument("--charts", help="folder for the HTML charts (default out/quality-<model>[-<source>])")
+
+
+def run(args: argparse.Namespace) -> None:
+    from codeckv.measure.peers import PEERS, run_for
+    from codeckv.measure.quality import as_dicts, measure_quality
+    from codeckv.measure.table import format_table, write_csv
+    from codeckv.tiers import TIERS, pca_tier
+
+    tiers = [run_for(name) for name in args.tiers or [*TIERS, *PEERS]]
+    tiers += [pca_tier(bits) for bits in args.pca_bits]
+    text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
+    loaded = load(args)
+    bar, progress = forward_bar("quality")
+    start = time.perf_counter()
+    result = measure_quality(loaded, tiers, args.windows, args.length, args.source, text, progress)
+    bar.close()
+    rows = as_dicts(result.rows)
+    columns = ["tier", "ratio_vs_bf16", "steady_state_ratio", "held_bytes", "kld", "kld_se", "top1_pct", "top1_se",
+               "delta_nll_pct", "delta_nll_se", "nll", "entropy_coded_bytes"]
+    print(format_table(rows, columns))
+    for reason in result.absent:
+        print(reason)
+    where = "a text file" if text is not None else f"the {args.source}"
+    print(f"{args.windows} windows x {args.length} tokens of {where}, {result.reference.positions} scored positions "
+          f"each; took {time.perf_counter() - start:.1f} s")
+    suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
+    stem = f"quality-{file_stem(loaded.info.name)}{suffix}"
+    written = write_csv(rows, args.out or f"out/{stem}.csv")  # before the charts: numbers never hang on figures
+    paths = write_figures(lambda figures: figures.quality_figures(result), Path(args.charts or f"out/{stem}"))
+    print(f"wrote {written}, " + ", ".join(str(p) for p in paths))

@@ -1,0 +1,42 @@
+"""Which path each kernel op takes, per tier, on a loaded model's device, and why (the model panel's table).
+
+    tier_backends("cuda", head_dim=64, dtype="bfloat16")["turbo-4"]["attention"]  # "triton decode_attention ..."
+
+Codec tiers ask the kernels themselves (`op_backends`: the same checks the ops run); a PCA tier has
+no per-tensor codec, its chunks are coded in torch (codeckv/cache/pca_layer.py) and no kernel reads them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from codeckv.cache.kernel_ops import op_backends
+from codeckv.tiers import TIERS
+
+OPS = ("encode", "decode", "attention")  # archiving a block, the decoded view, attention on the codes
+PCA_PATH = "torch (joint PCA + ANS in codeckv/cache/pca_layer.py: no kernel reads entropy-coded chunks)"
+PCA_ATTENTION = "refused (no kernel reads entropy-coded chunks): attention reads the decoded view"
+
+
+@functools.cache
+def tier_backends(device: str, head_dim: int, dtype: str) -> dict[str, dict[str, str]]:
+    """tier name -> {"encode", "decode", "attention"} -> path; K and V shown apart only where they differ."""
+    device_type = torch.device(device).type
+    table = {}
+    for name, tier in TIERS.items():
+        if tier.is_native:
+            continue
+        if tier.joint is not None:
+            table[name] = {"encode": PCA_PATH, "decode": PCA_PATH, "attention": PCA_ATTENTION}
+            continue
+        paths = op_backends(tier.key, tier.value, device_type, head_dim, getattr(torch, dtype))
+        table[name] = {op: _both(paths[f"{op} K"], paths[f"{op} V"]) for op in ("encode", "decode")}
+        table[name]["attention"] = paths["attention"]
+    return table
+
+
+def _both(key: str, value: str) -> str:
+    """One path for K and V, or each side's."""
+    return key if key == value else f"K: {key} · V: {value}"

@@ -1,0 +1,344 @@
+"""What each app request does, from the raw values a browser or an API caller sends to measured results.
+
+    outcome = sweep_request(loaded, LONG_TEXT, source=..., windows=2, length=512, tiers=[...], progress=cb)
+    grid = needle_request(loaded, ["512", "1024"], ["0%", "100%"], ["turbo-4"], progress=cb)
+    for native, codec, native_stats, codec_stats in chat_stream(loaded, session, user, shown, tier, 96, False, limits):
+        ...
+    figures, summary = inspect_request(loaded, text, tier, layer=3, head=1, which="K", limits=limits)
+    table, figures, rows = memory_request(loaded, ["1024", "4096"], ["turbo-4", "pca-8x"], 16, progress=cb)
+    path = chat_download(loaded, session, folder); native, codec, notes = chat_resume(loaded, session, upload, limits)
+
+Every value is checked here or in codeckv/serve/inputs.py before it reaches a loader, a loop or an
+allocation, and every request runs under the budgets of codeckv/serve/limits.py; app.py only maps these
+results onto its components.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from codeckv.cache.saved import read_header, tier_from_spec
+from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure, worst_tier
+from codeckv.figures.plots import memory_figure, pareto_figure
+from codeckv.loaded import LoadedModel
+from codeckv.measure.chat import ChatSession
+from codeckv.measure.inspection import inspect_tier
+from codeckv.measure.memory import beside_native, memory_rows, modes_of
+from codeckv.measure.needle import NeedleGrid, needle_grid
+from codeckv.measure.peers import PEERS
+from codeckv.measure.quality import QualityRun, measure_quality
+from codeckv.measure.quality import as_dicts as quality_dicts
+from codeckv.measure.side_by_side import prompt_ids
+from codeckv.measure.sweep import Sweep, sweep
+from codeckv.measure.sweep import as_dicts as sweep_dicts
+from codeckv.measure.table import write_csv, write_json
+from codeckv.models import ModelUnavailableError
+from codeckv.serve.formatting import (
+    codec_stats_markdown,
+    human_bytes,
+    inspect_summary,
+    native_stats_markdown,
+    progress_markdown,
+    quality_table,
+    session_markdown,
+    stopped_markdown,
+    sweep_table,
+)
+from codeckv.serve.inputs import fits_model, one_of, read_text_file, saved_cache_file, tier_names, user_text, whole
+from codeckv.serve.limits import Deadline, Limits, StopFlag
+from codeckv.serve.sessions import IDLE
+from codeckv.serve.zerogpu import MAX_SECONDS, estimate_seconds
+from codeckv.tiers import TIERS, Tier
+
+LONG_TEXT = "long text: KL divergence, top-1, ΔNLL with their spread over windows"
+ONE_PROMPT = "one chat prompt: latency, token match, first divergence (a single sample)"
+SOURCES = {"embedded corpus (Python reference)": "corpus", "held-out text (stdlib docstrings)": "docstrings",
+           "pasted text": "pasted", "uploaded file": "file"}
+METRICS = {"KL divergence": "kld", "ΔNLL": "delta_nll_pct"}
+NEEDLE_LENGTHS = (512, 1024, 2048, 4096, 8000)
+NEEDLE_DEPTHS = ("0%", "25%", "50%", "75%", "100%")
+MEMORY_CONTEXTS = (512, 1024, 2048, 4096, 8192)
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class SweepOutcome:
+    result: QualityRun | Sweep
+    table: dict  # {"headers": [...], "data": [[...]]}
+    figures: dict[str, go.Figure]
+    rows: list[dict]  # for CSV / JSON
+    about: dict  # what was measured, for the JSON report
+
+
+def until(deadline: Deadline, progress: Progress | None, stop: StopFlag | None = None) -> Progress:
+    """A progress callback that also stops the work once the deadline has passed or a stop was requested."""
+
+    def report(done: int, total: int, message: str) -> None:
+        deadline.check()
+        if stop is not None:
+            stop.check()
+        if progress:
+            progress(done, total, message)
+
+    return report
+
+
+def sweep_request(loaded: LoadedModel, mode, source, pasted, upload, windows, length, prompt, new_tokens, tiers,
+                  progress: Progress | None = None, limits: Limits | None = None,
+                  stop: StopFlag | None = None) -> SweepOutcome:
+    """Every chosen tier on long text (quality with its spread) or on one chat prompt (one reply)."""
+    limits = limits or Limits.from_env()
+    mode, tiers = one_of(mode, "mode", (LONG_TEXT, ONE_PROMPT)), tier_names(tiers, peers=True)
+    report = until(limits.deadline(), progress, stop)
+    if mode == ONE_PROMPT and set(tiers) & set(PEERS):
+        raise ValueError(f"the peers ({', '.join(t for t in tiers if t in PEERS)}) are measured on long text only: "
+                         f"choose {LONG_TEXT!r} or leave them out")
+    if mode == ONE_PROMPT:
+        prompt = user_text(prompt)
+        new_tokens = whole(new_tokens, "new tokens per tier", 1, min(128, limits.max_new_tokens))
+        result = sweep(loaded, [{"role": "user", "content": prompt}], tiers, new_tokens, progress=report)
+        about = {"mode": "one prompt", "prompt": prompt, "new_tokens": new_tokens}
+        return SweepOutcome(result, sweep_table(result.rows), sweep_figures(result), sweep_dicts(result.rows), about)
+    kind = SOURCES[one_of(source, "text", SOURCES)]
+    windows, length = whole(windows, "windows", 1, 8), whole(length, "tokens per window", 64, 2048)
+    if windows * length > limits.max_sweep_tokens:
+        raise ValueError(f"{windows} windows x {length} tokens = {windows * length:,} tokens, more than the "
+                         f"{limits.max_sweep_tokens:,} allowed per sweep here")
+    text = None
+    if kind == "pasted":
+        text = user_text(pasted, "the pasted text", limits.max_text_chars)
+    elif kind == "file":
+        if not upload:
+            raise ValueError("upload a .txt or .md file first")
+        text = read_text_file(upload, limits.max_text_chars)
+    result = measure_quality(loaded, tiers, windows, length, "corpus" if text else kind, text, report)
+    about = {"mode": "long text", "source": kind, "windows": windows, "tokens_per_window": length,
+             "absent": result.absent}
+    table = quality_table(result.rows, result.absent)
+    return SweepOutcome(result, table, quality_figures(result), quality_dicts(result.rows), about)
+
+
+def chat_gpu_seconds(message, document, upload, model_name, tier_name, max_new_tokens, *rest) -> int:
+    """The ZeroGPU slot a chat turn asks for (codeckv.serve.zerogpu): prompt chunks at the prompt limit plus three
+    forwards per new token (native, codec, the teacher-forced native reply); garbage asks for the most."""
+    limits = Limits.from_env()
+    try:
+        new_tokens = whole(max_new_tokens, "max new tokens", 1, limits.max_new_tokens)
+    except ValueError:
+        new_tokens = limits.max_new_tokens  # the handler refuses it; the slot just must not be too short
+    return estimate_seconds(forwards=limits.max_prompt_tokens // 512 + 3 * new_tokens)
+
+
+INSPECT_GPU_SECONDS = estimate_seconds(forwards=2 * Limits().max_inspect_tokens // 512)  # two prefills
+LONG_GPU_SECONDS = MAX_SECONDS  # a sweep or a needle grid asks for the longest slot a visitor may hold
+
+
+def needle_cells(lengths, depths, limits: Limits | None = None) -> tuple[list[int], list[float]]:
+    """The chosen lengths (tokens) and depths (fractions), checked against the choices and the budget."""
+    limits = limits or Limits.from_env()
+    if not isinstance(lengths, list | tuple) or not lengths or not isinstance(depths, list | tuple) or not depths:
+        raise ValueError("choose at least one length and one depth")
+    lengths = sorted({int(one_of(str(n), "prompt tokens", map(str, NEEDLE_LENGTHS))) for n in lengths})
+    depths = sorted({float(one_of(d, "depth", NEEDLE_DEPTHS).rstrip("%")) / 100 for d in depths})
+    if sum(lengths) * len(depths) > limits.max_needle_tokens:
+        raise ValueError(f"{len(lengths) * len(depths)} cells of {sum(lengths) * len(depths):,} prompt tokens in "
+                         f"all, more than the {limits.max_needle_tokens:,} allowed per request here: choose fewer")
+    return lengths, depths
+
+
+def needle_request(loaded: LoadedModel, lengths, depths, tiers, progress: Progress | None = None,
+                   limits: Limits | None = None, stop: StopFlag | None = None) -> NeedleGrid:
+    """Pass-key retrieval of native and every chosen tier over the chosen lengths and depths."""
+    limits = limits or Limits.from_env()
+    lengths, depths = needle_cells(lengths, depths, limits)
+    tiers = tier_names(tiers, allow_native=False, peers=True) if tiers else []
+    return needle_grid(loaded, tiers, lengths, depths, until(limits.deadline(), progress, stop))
+
+
+def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: Progress | None = None,
+                   limits: Limits | None = None, stop: StopFlag | None = None) -> tuple[dict, dict, list]:
+    """Held, peak and at-rest bytes of native and every chosen tier over the chosen contexts: table, charts, rows."""
+    limits = limits or Limits.from_env()
+    if not isinstance(contexts, list | tuple) or not contexts:
+        raise ValueError("choose at least one context length")
+    contexts = sorted({int(one_of(str(n), "prompt tokens", map(str, MEMORY_CONTEXTS))) for n in contexts})
+    tiers = tier_names(tiers, allow_native=False) if tiers else []
+    new_tokens = whole(new_tokens, "new tokens", 1, min(64, limits.max_new_tokens))
+    turns = sum(len(modes_of(t)) for t in ["native", *tiers])
+    if sum(contexts) * turns > limits.max_memory_tokens:
+        raise ValueError(f"{turns} caches x {sum(contexts):,} prompt tokens = {sum(contexts) * turns:,} tokens, more "
+                         f"than the {limits.max_memory_tokens:,} allowed per request here: choose fewer")
+    rows = beside_native(memory_rows(loaded, tiers, contexts, new_tokens, until(limits.deadline(), progress, stop)))
+    headers = ["prompt tokens", "tier", "attention", "held", "× native held", "peak held", "at rest", "archive"]
+    data = [[r["context"], r["tier"], r["mode"], human_bytes(r["held_bytes"]), round(r["held_vs_native"], 3),
+             human_bytes(r["peak_held_bytes"]), human_bytes(r["at_rest_bytes"]), human_bytes(r["archive_bytes"])]
+            for r in rows]
+    figures = {"held": memory_figure(rows), "peak": memory_figure(rows, "peak_held_bytes", "Peak held over the turn")}
+    return {"headers": headers, "data": data}, figures, rows
+
+
+def needle_table(grid: NeedleGrid) -> dict:
+    """The grid's answers as a display table."""
+    data = [[r.tier, r.tokens, f"{r.depth:.0%}", r.key, "yes" if r.retrieved else "no", r.answer] for r in grid.rows]
+    return {"headers": ["tier", "prompt tokens", "depth", "key", "retrieved", "answer"], "data": data}
+
+
+def chat_panels(session: ChatSession, pending: tuple[str, str, str] | None = None) -> tuple[list, list]:
+    """The two chat panels: every exchange so far (the native and the codec side), then the turn in progress."""
+    native, codec = [], []
+    turns = [(e.shown, e.native, e.codec) for e in session.exchanges] + ([pending] if pending else [])
+    for shown, native_reply, codec_reply in turns:
+        native += [{"role": "user", "content": shown}, {"role": "assistant", "content": native_reply}]
+        codec += [{"role": "user", "content": shown}, {"role": "assistant", "content": codec_reply}]
+    return native, codec
+
+
+def chat_stop(session: ChatSession) -> tuple[list, list, str, str]:
+    """Stop a turn: both panels as generated so far, and what was measured before the stop (native, codec)."""
+    last = session.stop()
+    native, codec = chat_panels(session)
+    return native, codec, stopped_markdown(last, "native"), stopped_markdown(last, "codec")
+
+
+def end_session(session: ChatSession) -> None:
+    """Forget a conversation (Clear, a closed tab, an expired session): both caches released, off the idle list."""
+    session.clear()
+    IDLE.forget(session)
+
+
+def model_shape(pool, name: str) -> tuple[int, int]:
+    """(layers, KV heads) of a model of the pool, for the Inspect sliders at build time; (1, 1) if it cannot load."""
+    try:
+        info = pool.get(name).info
+    except (ModelUnavailableError, ValueError, OSError):
+        return 1, 1  # the model panel shows why when the page loads
+    return len(info.layer_types), info.num_kv_heads
+
+
+def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str, tier: Tier, max_new_tokens: int,
+                materialization_free: bool, limits: Limits) -> Iterator[tuple[list, list, str, str]]:
+    """One chat turn as what the two panels and their stats lines show: (native, codec, native stats, codec stats).
+
+    The turn stops when the request's time budget runs out; the stats then say what was measured before.
+    """
+    deadline = limits.deadline()
+    fits_model(tier, loaded.info)
+    IDLE.busy(session)  # not evictable while this turn runs
+    try:
+        turn = session.ask(loaded, user, tier, max_new_tokens, materialization_free, shown, limits.max_prompt_tokens)
+        for update in turn:
+            native, codec = chat_panels(session, (shown, update.native.text, update.codec.text))
+            if deadline.passed:
+                last = session.stop()
+                budget = f" (its time budget of {limits.max_request_seconds} s ran out)"
+                native, codec = chat_panels(session)
+                yield native, codec, stopped_markdown(last, "native") + budget, stopped_markdown(last, "codec") + budget
+                return
+            if update.result is None:
+                waiting = progress_markdown(update)
+                yield native, codec, waiting, waiting
+            else:
+                note = session_markdown(session, update.result)
+                yield native, codec, native_stats_markdown(update.result), note + codec_stats_markdown(update.result)
+    finally:
+        IDLE.rest(session, limits.max_idle_mib)  # between turns: at rest, and all idle sessions bounded
+
+
+RESUME_GPU_SECONDS = estimate_seconds(forwards=Limits().max_prompt_tokens // 512 + 1)  # the native re-prefill
+DOWNLOAD_GPU_SECONDS = estimate_seconds(forwards=1)  # copying the cache off the GPU
+
+
+def chat_download(loaded: LoadedModel, session: ChatSession, folder: Path) -> str:
+    """The codec cache of the conversation and its exchanges, written to a .kvc file in folder: its path."""
+    path = folder / "conversation.kvc"
+    session.save(path, loaded)
+    return str(path)
+
+
+def chat_resume(loaded: LoadedModel, session: ChatSession, upload, limits: Limits) -> tuple:
+    """Continue a conversation from an uploaded .kvc file: (native panel, codec panel, native note, codec note,
+    tier name, whether attention reads the codes), the last two for the Chat's controls.
+
+    The codec cache comes from the file (every check of codeckv/cache/saved.py, within the operator's size cap); the
+    native cache is re-prefilled from the saved token ids. On any error the session is left as it was.
+    """
+    path = saved_cache_file(upload, limits.max_cache_file_bytes)
+    tier = tier_from_spec(read_header(path, limits.max_cache_file_bytes)[0].get("tier"))
+    if TIERS.get(tier.name) != tier:
+        kind = "a per-layer schedule" if tier.per_layer else "a custom tier"
+        raise ValueError(f"this file was saved with {kind} ('{tier.name}'), which the Chat cannot select "
+                         "again (allowed: a preset tier; a library user loads it with codeckv.load_cache)")
+    resumed = session.resume(loaded, path, limits.max_cache_file_bytes, limits.max_prompt_tokens)
+    IDLE.rest(session, limits.max_idle_mib)  # idle until its next turn: at rest, counted with the other sessions
+    native, codec = chat_panels(session)
+    if resumed.restore_s:
+        rebuilt = f"its decoded view rebuilt in {1000 * resumed.restore_s:.0f} ms"
+    else:
+        rebuilt = "attention reads the stored codes (no view to rebuild)"
+    codec_note = (f"Resumed from **{path.name}** ({resumed.file_bytes / 2**20:.1f} MiB): the {tier.name} cache of "
+                  f"{resumed.tokens:,} tokens loaded from the file in {resumed.load_s:.2f} s, {rebuilt}. "
+                  "The next message continues this conversation.")
+    native_note = (f"Resumed: the native cache re-prefilled from the {resumed.tokens:,} saved token ids in "
+                   f"{resumed.native_prefill_s:.2f} s.")
+    return native, codec, native_note, codec_note, tier.name, session.setup[2] is None
+
+
+def inspect_request(loaded: LoadedModel, prompt: str, tier: Tier, layer, head, which,
+                    limits: Limits) -> tuple[dict[str, go.Figure], str]:
+    """The Inspect figures of one tier on a text, and a one-line summary of the chosen (layer, head)."""
+    fits_model(tier, loaded.info)
+    which = one_of(which, "tensor", ("K", "V"))
+    layer = whole(layer, "layer", 0, len(loaded.info.layer_types) - 1)
+    head = whole(head, "KV head", 0, loaded.info.num_kv_heads - 1)
+    view = inspect_tier(loaded, prompt_ids(loaded, prompt, limit=limits.max_inspect_tokens), tier, layer=layer,
+                        head=head)
+    figures = inspect_figures(view)
+    figures["heatmap"] = figures["heatmap_key" if which == "K" else "heatmap_value"]
+    return figures, inspect_summary(view, tier.name, layer, head)
+
+
+def sweep_downloads(outcome: SweepOutcome, model: str, folder: Path) -> list[str]:
+    """Write a sweep's rows as CSV and JSON (with what was measured) into folder: their paths."""
+    return [str(write_csv(outcome.rows, folder / "sweep.csv")),
+            str(write_json({"model": model, **outcome.about, "rows": outcome.rows}, folder / "sweep.json"))]
+
+
+def sweep_views(outcome: SweepOutcome, metric: str) -> dict:
+    """What the Tier sweep tab shows of a finished sweep: the Pareto chart on `metric` ("kld" or
+    "delta_nll_pct"), the one-prompt charts (None on long text), the per-token KLD and the tiers to pick from."""
+    prompt_mode = "latency" in outcome.figures
+    return {
+        "pareto": outcome.figures["pareto_kld" if metric == "kld" or prompt_mode else "pareto_nll"],
+        "prompt_mode": prompt_mode,
+        "latency": outcome.figures.get("latency"),
+        "token_match": outcome.figures.get("token_match"),
+        "token_kld": outcome.figures["token_kld"],
+        "tiers": [r.tier for r in outcome.result.rows if r.tier != "native"],
+        "worst": worst_tier(outcome.result),
+    }
+
+
+def sweep_pareto(result, metric) -> go.Figure | None:
+    """The Pareto chart of a finished sweep for a quality axis of METRICS (redrawn, not re-run)."""
+    if result is None or metric not in METRICS:
+        return None
+    if isinstance(result, QualityRun):
+        return quality_figures(result)["pareto_kld" if METRICS[metric] == "kld" else "pareto_nll"]
+    return pareto_figure(result.rows, METRICS[metric], title="Storage vs quality (one reply)")
+
+
+def sweep_token_kld(result, tier) -> go.Figure | None:
+    """Per-token KL divergence of one swept tier (None until a sweep ran, or for native)."""
+    names = [r.tier for r in result.rows] if result is not None else []
+    return token_kld_figure(result, tier) if tier in names and tier != "native" else None
+
+
+def fresh_stop(flag) -> StopFlag:
+    """The session's StopFlag (a fresh one for an API caller without a session), reset for a new run."""
+    flag = flag if isinstance(flag, StopFlag) else StopFlag()
+    flag.reset()
+    return flag

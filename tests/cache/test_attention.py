@@ -1,0 +1,180 @@
+"""Materialization-free attention (cache/attention.py): same tokens as the materialized cache, resident ~ archive."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from codeckv.cache import CODES, SHORT_VIEW, CodecCache, held_bytes, make_cache
+from codeckv.cache.attention import use_codec_attention
+from codeckv.cache.coded_layer import TAG, CodedLayer
+from codeckv.cache.kernel_ops import attention_compiled
+from codeckv.cache.layers import CodecLayer
+from codeckv.tiers import TIERS
+from kernels.codes_cpu import codes_status
+
+RESIDENT_SLACK = 0.05  # resident bytes may exceed the archive by at most 5% (at 4k tokens)
+
+
+@pytest.fixture(scope="module")
+def long_prompt(loaded):
+    """About 270 tokens of the embedded corpus: the archive holds dozens of blocks."""
+    from pydoc_data.topics import topics
+
+    return loaded.tokenizer(topics[sorted(topics)[3]][:1500], return_tensors="pt").input_ids
+
+
+@pytest.fixture
+def codec_attention_model(loaded):
+    """The session model, routed through codec attention as load_model leaves it (restored if a test changes it)."""
+    use_codec_attention(loaded.model)
+    yield loaded.model
+    use_codec_attention(loaded.model)
+
+
+def _greedy(model, ids, cache, n):
+    out = model.generate(ids, cache=cache, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[:, ids.shape[1] :]
+
+
+@pytest.mark.parametrize("tier", ["png", "jpeg-k8-int8"])
+def test_greedy_tokens_equal_the_materialized_cache(loaded, long_prompt, codec_attention_model, tier):
+    materialized = _greedy(loaded.model, long_prompt, CodecCache.from_config(loaded.model.config, tier), 16)
+    cache = make_cache(loaded.model.config, tier, materialization_free=True)
+    got = _greedy(codec_attention_model, long_prompt, cache, 16)
+    assert torch.equal(got, materialized), f"{tier}: materialization-free greedy tokens differ"
+    assert all(isinstance(layer, CodedLayer) for layer in cache.layers)
+    assert cache.layers[0].archive_k.tokens > 200, "the archive must really be read"
+
+
+def test_the_default_path_decodes_a_short_context_on_a_view_with_the_tokens_of_the_codes(
+    loaded, long_prompt, codec_attention_model
+):
+    codes = make_cache(loaded.model.config, "jpeg-k8-int8", materialization_free=True)
+    default = make_cache(loaded.model.config, "jpeg-k8-int8")
+    want = _greedy(codec_attention_model, long_prompt, codes, 16)
+    assert torch.equal(_greedy(codec_attention_model, long_prompt, default, 16), want)
+    assert default.attention == SHORT_VIEW and codes.attention == CODES, "the stats say which path ran"
+    view_bytes = sum(layer._view_k.nbytes + layer._view_v.nbytes for layer in default.layers)
+    assert held_bytes(default) == held_bytes(codes) + view_bytes, "held counts the view"
+    default.compact()
+    codes.compact()
+    assert default.attention == CODES and held_bytes(default) == held_bytes(codes), "at rest: no view"
+
+
+@pytest.mark.parametrize("tier, compiled", [("jpeg-k8-int8", False), ("turbo-4", False), ("int8", False),
+                                            ("turbo-4", True)])
+def test_short_view_attends_like_the_codes_and_goes_past_its_length(tier, compiled, monkeypatch):
+    """Without the compiled kernel (or for tiers it does not read) a short context's decode steps read a view;
+    where it reads both sides' codes, the codes are read at every length and no view is ever built."""
+    monkeypatch.setattr("codeckv.cache.coded_layer.SHORT_VIEW_TOKENS", 100)
+    if not compiled:
+        monkeypatch.setattr("codeckv.cache.coded_layer.attention_compiled", lambda *_: False)
+    elif not attention_compiled(TIERS[tier].key, TIERS[tier].value, 64):
+        pytest.skip(f"the compiled CPU kernel is not built here ({codes_status()})")
+    torch.manual_seed(0)
+    config = dataclasses.replace(TIERS[tier], keep_first=3, keep_recent=5)
+    short, coded = CodedLayer(config, short_view=True), CodedLayer(config)
+    x, y = torch.randn(1, 3, 70, 64), torch.randn(1, 3, 70, 64)
+    assert hasattr(short.update(x, y)[0], TAG) and not short.on_view, "a prefill chunk never builds the view"
+    coded.update(x, y)
+    for step in range(40):
+        k, v = torch.randn(1, 3, 1, 64), torch.randn(1, 3, 1, 64)
+        keys, values = short.update(k, v)
+        coded.update(k, v)
+        query = torch.randn(1, 9, 1, 64)
+        want = short.length <= 100 and not compiled
+        assert short.on_view == want, f"step {step}: the view lives up to SHORT_VIEW_TOKENS, never where compiled"
+        if short.on_view:
+            got = F.scaled_dot_product_attention(query, keys, values, enable_gqa=True)
+            torch.testing.assert_close(got, coded.attend(query, None, None), atol=1e-5, rtol=1e-5, msg=f"step {step}")
+            assert short.held_bytes() == coded.held_bytes() + short._view_k.nbytes + short._view_v.nbytes
+        else:
+            assert hasattr(keys, TAG) and short.held_bytes() == coded.held_bytes(), "past it: the codes alone"
+    assert short.archive_k.tokens == coded.archive_k.tokens > 64
+
+
+def test_native_cache_under_codec_attention_is_plain_sdpa(loaded, codec_attention_model):
+    ids = loaded.tokenizer("The history of the printing press begins in", return_tensors="pt").input_ids
+    native = _greedy(loaded.model, ids, DynamicCache(config=loaded.model.config), 8)
+    loaded.model.set_attn_implementation("sdpa")
+    assert torch.equal(native, _greedy(loaded.model, ids, DynamicCache(config=loaded.model.config), 8))
+
+
+@pytest.mark.parametrize("tier", ["png", "jpeg-k2-int8", "turbo-4"])
+def test_layer_attends_like_the_materialized_layer_through_crop_and_beams(tier):
+    torch.manual_seed(0)
+    config = dataclasses.replace(TIERS[tier], keep_first=3, keep_recent=5)
+    materialized, coded = CodecLayer(config), CodedLayer(config)
+    x, y = torch.randn(2, 2, 70, 64), torch.randn(2, 2, 70, 64)
+    materialized.update(x, y)
+    coded.update(x, y)
+    for step in range(12):
+        k, v = torch.randn(2, 2, 1, 64), torch.randn(2, 2, 1, 64)
+        keys, values = materialized.update(k, v)
+        coded.update(k, v)
+        query = torch.randn(2, 6, 1, 64)
+        want = F.scaled_dot_product_attention(query, keys, values, enable_gqa=True)
+        torch.testing.assert_close(coded.attend(query, None, None), want, atol=1e-5, rtol=1e-5, msg=f"step {step}")
+        if step == 4:
+            materialized.crop(-13)
+            coded.crop(-13)
+        if step == 8:
+            beams = torch.tensor([1, 1])
+            materialized.batch_select_indices(beams)
+            coded.batch_select_indices(beams)
+    assert coded.get_seq_length() == materialized.get_seq_length()
+    assert coded.footprint(0).archive_bytes == materialized.footprint(0).archive_bytes
+
+
+@pytest.mark.parametrize("tier", ["png", "jpeg-k8-int8", "turbo-4"])
+def test_resident_bytes_stay_within_five_percent_of_the_archive_at_4k(tier):
+    torch.manual_seed(0)
+    layer = CodedLayer(TIERS[tier])
+    layer.update(torch.randn(1, 3, 4096, 64), torch.randn(1, 3, 4096, 64))  # a 4k prefill (smollm2 geometry)
+    for _ in range(40):  # then decode steps, archiving block after block
+        layer.update(torch.randn(1, 3, 1, 64), torch.randn(1, 3, 1, 64))
+    fp = layer.footprint(0)
+    assert fp.resident_bytes <= (1 + RESIDENT_SLACK) * fp.archive_bytes, (
+        f"{tier}: resident {fp.resident_bytes} > archive {fp.archive_bytes} + {RESIDENT_SLACK:.0%}"
+    )
+
+
+def test_hybrid_gemma3_sliding_layers_stay_native_under_codec_attention(tiny_gemma3):
+    model, config = tiny_gemma3, tiny_gemma3.config
+    ids = torch.randint(0, 128, (1, 40))
+    materialized = _greedy(model, ids, CodecCache.from_config(config, "jpeg-k8-int8"), 24)
+    use_codec_attention(model)
+    cache = make_cache(config, "jpeg-k8-int8", materialization_free=True)
+    assert torch.equal(_greedy(model, ids, cache, 24), materialized)
+    assert [i for i, layer in enumerate(cache.layers) if isinstance(layer, CodedLayer)] == [2, 5]
+
+
+def test_footprint_after_an_inference_mode_forward():
+    """A forward under inference_mode, then footprint() outside it: the flush must not fail."""
+    layer = CodedLayer(TIERS["jpeg-k8-int8"])
+    with torch.inference_mode():
+        layer.update(torch.randn(1, 3, 20, 64), torch.randn(1, 3, 20, 64))
+    fp = layer.footprint(0)
+    assert layer.archive_k.tokens == 16 and fp.archive_bytes > 0
+
+
+@pytest.mark.parametrize("materialization_free", [False, True], ids=["view", "materialization-free"])
+def test_a_bf16_model_runs_every_tier(tiny_gemma3, materialization_free):
+    """On CUDA the model is bf16 (codeckv.models): nothing in the caches or the kernels' torch paths assumes fp32."""
+    model, config = tiny_gemma3.to(torch.bfloat16), tiny_gemma3.config
+    use_codec_attention(model)
+    ids = torch.randint(0, 128, (1, 70), generator=torch.Generator().manual_seed(0))
+    native = _greedy(model, ids, DynamicCache(config=config), 12)
+    for name, tier in TIERS.items():
+        if tier.is_native or tier.joint is not None:  # PCA tiers: calibrated per model, tests/test_pca.py
+            continue
+        cache = make_cache(config, name, materialization_free=materialization_free)
+        tokens = _greedy(model, ids, cache, 12)
+        fp = cache.footprint()
+        assert tokens.shape == native.shape and fp.archive_bytes > 0 and cache.layers[2].keys.dtype == torch.bfloat16
+        if name == "png":  # lossless in bf16 too: the native cache's bytes (and, through the view, its tokens;
+            assert fp.ratio == 1.0  # attention on the codes accumulates in fp32, bf16 SDPA does not)
+            assert materialization_free or torch.equal(tokens, native)

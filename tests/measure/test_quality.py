@@ -1,0 +1,85 @@
+"""The quality table on short text: png is exactly lossless, lossy tiers cost bytes honestly, the spread is real."""
+
+import csv
+import math
+
+import pytest
+
+from codeckv.cli import main
+from codeckv.corpus import corpus_text, corpus_windows, docstrings_text, text_windows
+from codeckv.measure.quality import measure_quality
+
+
+def test_corpus_is_the_python_reference_topics(loaded):
+    from pydoc_data.topics import topics
+
+    text = corpus_text()
+    assert text.startswith(topics[sorted(topics)[0]]) and text.endswith(topics[sorted(topics)[-1]])
+    windows = corpus_windows(loaded.tokenizer, 2, 64)
+    assert windows.shape == (2, 64)
+
+
+def test_held_out_docstrings_are_other_text(loaded):
+    text = docstrings_text()
+    assert "Abstract Base Classes" in text and len(text) > 100_000
+    assert text_windows(loaded.tokenizer, text, 2, 64).shape == (2, 64)
+    with pytest.raises(ValueError, match="fewer than 3 windows of 64"):
+        text_windows(loaded.tokenizer, "too short", 3, 64)
+
+
+def test_png_is_exact_and_lossy_tiers_report_bytes_and_spread(loaded):
+    run = measure_quality(loaded, ["png", "jpeg-k8-int8"], windows=2, length=96)
+    rows = {r.tier: r for r in run.rows}
+    assert list(rows) == ["native", "png", "jpeg-k8-int8"]
+    png, jpeg = rows["png"], rows["jpeg-k8-int8"]
+    assert png.kld == 0.0 and png.top1_pct == 100.0 and png.delta_nll_pct == 0.0 and png.nll == rows["native"].nll
+    assert png.archive_bytes == rows["native"].archive_bytes  # fp32 on CPU: the native cache's bytes
+    assert jpeg.ratio_vs_bf16 <= 0.55 and jpeg.steady_state_ratio == pytest.approx(jpeg.ratio_vs_bf16)  # no raw tail
+    assert 0 < jpeg.kld < 0.05 and 90 <= jpeg.top1_pct <= 100 and abs(jpeg.delta_nll_pct) < 5
+    assert math.isfinite(jpeg.kld_se) and jpeg.kld_se >= 0, "two windows give a standard error"
+    assert png.entropy_coded_bytes < png.archive_bytes, "zstd finds the lossless saving"
+    assert jpeg.entropy_coded_bytes is None
+    assert run.scores["jpeg-k8-int8"].kld.shape == (2, 48) and len(run.scored_tokens) == 48
+
+
+def test_tiers_split_over_several_batches_score_as_in_one(loaded, monkeypatch):
+    """When memory allows fewer caches per batch (lockstep.stack_size), later batches reuse the native reference."""
+    tiers = ["png", "turbo-4", "jpeg-k2"]
+    together = {r.tier: r for r in measure_quality(loaded, tiers, windows=2, length=64).rows}
+    monkeypatch.setattr("codeckv.measure.quality.stack_size", lambda *args: 2)  # [native, png], [turbo-4, jpeg-k2]
+    seen = []
+    split = measure_quality(loaded, tiers, windows=2, length=64, progress=lambda done, total, _: seen.append(total))
+    assert set(seen) == {2 * 32}, "two batches of 32 scored positions"
+    for row in split.rows:
+        assert row.archive_bytes == together[row.tier].archive_bytes
+        assert row.kld == pytest.approx(together[row.tier].kld, abs=1e-6), row.tier
+        assert row.delta_nll_pct == pytest.approx(together[row.tier].delta_nll_pct, abs=1e-4), row.tier
+    assert {r.tier: r.kld for r in split.rows}["png"] == 0.0
+
+
+def test_quality_cli_writes_csv(tmp_path, capsys):
+    out = tmp_path / "q.csv"
+    charts = tmp_path / "charts"
+    args = ["quality", "--windows", "1", "--length", "48", "--tiers", "png", "--source", "docstrings"]
+    assert main([*args, "--out", str(out), "--charts", str(charts)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["tier"] for r in rows] == ["native", "png"] and {r["source"] for r in rows} == {"docstrings"}
+    assert float(rows[1]["kld"]) == 0.0 and "top1_pct" in capsys.readouterr().out
+    assert {p.name for p in charts.glob("*.html")} == {"pareto_kld.html", "pareto_nll.html", "token_kld.html"}
+
+
+def test_quality_cli_rejects_unknown_tier(capsys):
+    assert main(["quality", "--windows", "1", "--length", "48", "--tiers", "nope"]) == 2
+    assert "unknown tier 'nope'" in capsys.readouterr().err
+
+
+def test_memory_cli_measures_each_row_in_its_own_process(tmp_path, capsys):
+    out, charts = tmp_path / "m.csv", tmp_path / "charts"
+    args = ["memory", "--contexts", "96", "--new-tokens", "2", "--tiers", "turbo-4"]
+    assert main([*args, "--out", str(out), "--charts", str(charts)]) == 0
+    rows = {r["mode"]: r for r in csv.DictReader(out.open())}
+    assert set(rows) == {"native", "codes", "view"} and "process_peak_saving_of_native" in capsys.readouterr().out
+    assert all(int(r["process_peak_bytes"]) > 0 for r in rows.values()), "every row's own process peak"
+    assert float(rows["codes"]["held_vs_native"]) < 1 < float(rows["view"]["held_vs_native"])
+    assert rows["view"]["at_rest_bytes"] == rows["view"]["archive_bytes"]
+    assert {p.name for p in charts.glob("*.html")} == {"memory-held.html", "memory-process-peak.html"}
