@@ -7,7 +7,7 @@
     print(cache.footprint().ratio)                          # archive bytes / bf16 cache bytes
     cache = make_cache(loaded, "pca-8x")                    # PCA tiers: calibrated once per model, cached on disk
     cache = make_cache(loaded, "turbo-4", per_layer={1: "int8"})   # a tier per layer (codeckv/cache/schedule.py)
-    cache.save("chat.kvc", token_ids, loaded)               # a versioned safetensors file (codeckv/cache/saved.py)
+    cache.save("chat.kvc", token_ids, loaded)               # a versioned safetensors file (cache/saved_format.py)
     saved = load_cache("chat.kvc", loaded)                  # .cache goes on where it was saved, .token_ids
 
 The names below are imported on first use (PEP 562), so that `kernels`, which reads the codecs'
@@ -45,9 +45,9 @@ _HOMES = {
     "as_tier": "codeckv.tiers",
     "custom_tier": "codeckv.tiers",
     "get_tier": "codeckv.tiers",
-    "SavedCache": "codeckv.cache.saved",
-    "SavedCacheError": "codeckv.cache.saved",
-    "load_cache": "codeckv.cache.saved",
+    "SavedCache": "codeckv.cache.saved_format",
+    "SavedCacheError": "codeckv.cache.saved_format",
+    "load_cache": "codeckv.cache.saved_load",
 }
 __all__ = sorted(_HOMES)
 

@@ -31,7 +31,7 @@ class Archive:
 
     @classmethod
     def holding(cls, enc: Encoded, tight: bool = False) -> Archive:
-        """An archive whose buffers are enc's own tensors (exact size, no copy): a loaded cache (cache/saved.py)."""
+        """An archive whose buffers are enc's own tensors (exact size, no copy): a loaded cache (saved_load.py)."""
         archive = cls(tight)
         archive._buffers = dict(enc.data)
         archive._rows = {name: t.shape[2] for name, t in enc.data.items()}

@@ -45,6 +45,7 @@ from codeckv.cache.footprint import Footprint, LayerFootprint
 from codeckv.cache.kernel_ops import layout_of
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
+from codeckv.cache.saved_format import save_cache
 from codeckv.cache.schedule import layer_tiers, schedule
 from codeckv.codecs.layout import NoRowLayout
 from codeckv.loaded import LoadedModel
@@ -160,13 +161,11 @@ class CodecCache(Cache):
         return time.perf_counter() - start if rebuilt else 0.0
 
     def save(self, path, token_ids, model=None, extra=None) -> int:
-        """Write the cache and the ids of the tokens it holds to `path` (codeckv/cache/saved.py): the file's bytes.
+        """Write the cache and the ids of the tokens it holds to `path` (cache/saved_format.py): the file's bytes.
 
         model: the LoadedModel (or transformers model) it belongs to, recorded and checked; extra: app JSON.
         Load it back with codeckv.load_cache(path, loaded).
         """
-        from codeckv.cache.saved import save_cache  # saved.py builds CodecCaches itself
-
         return save_cache(self, path, token_ids, model, extra)
 
     def set_left_padding(self, attention_mask: torch.Tensor) -> None:

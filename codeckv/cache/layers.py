@@ -18,7 +18,7 @@ the archive. A unit is lcm(key block, value block, MIN_ARCHIVE_TOKENS) tokens.
 At rest (`compact()`, e.g. an idle chat session) a layer keeps only what cannot be rebuilt: the archive,
 exact-size, and its raw tokens (RawTokens); `restore()`, or the next update, decodes the archive into
 the view again, bit for bit as before. `export_state()` / `load_state()` hand that same content to and
-from a file (codeckv/cache/saved.py).
+from a file (cache/saved_format.py).
 
 Encoding and decoding go through kernels.encode / kernels.decode: the Triton kernels on CUDA when the
 codec's row layout allows, the codec's own torch code elsewhere. Buffers are inference-mode tensors.
@@ -316,7 +316,7 @@ class CodecLayer(DynamicLayer):
 
     def export_state(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
         """What this layer stores: its raw tokens and archive as named exact-size tensors, and the counts that
-        place them (codeckv/cache/saved.py writes them). The layer itself is left as it was (flushed)."""
+        place them (cache/saved_format.py writes them). The layer itself is left as it was (flushed)."""
         self.flush()
         tensors = dict(self._raw_tokens().tensors)
         tensors.update(self._archive_tensors())
@@ -330,7 +330,7 @@ class CodecLayer(DynamicLayer):
 
     @torch.inference_mode()
     def load_state(self, tensors: dict[str, torch.Tensor], counts: dict[str, int]) -> None:
-        """Become, while empty, the layer that export_state described, at rest (codeckv/cache/saved.py checked it)."""
+        """Become, while empty, the layer that export_state described, at rest (cache/saved_load.py checked it)."""
         if self.length:
             raise ValueError("load_state(): the layer already holds tokens")
         rest = RawTokens(tensors["sink_keys"], tensors["sink_values"], tensors["tail_keys"], tensors["tail_values"])

@@ -28,7 +28,7 @@ from codeckv.tiers import Tier
 class PCALayer(CodecLayer):
     """One full-attention layer of a PCA tier (module docstring); flush_layers archives PCA layers together."""
 
-    variable_length = ("streams",)  # entropy-coded bytes: concatenated over layers in a file (codeckv/cache/saved.py)
+    variable_length = ("streams",)  # entropy-coded bytes: concatenated over layers in a file (cache/saved_format.py)
 
     def __init__(self, tier: Tier, coder: LayerCoder, share: float = 1.0) -> None:
         """share: this layer's share of the tier's bits per element (codeckv.cache.calibration.budget_shares)."""

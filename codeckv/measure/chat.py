@@ -6,7 +6,7 @@
     session.exchanges                  # every finished turn: the user's message, the native and codec replies
     session.rest()                     # between turns: hold both caches at rest; the bytes they hold
     session.release()                  # drop both caches (Clear, or the browser tab closed)
-    session.save("chat.kvc", loaded)   # the codec cache and the exchanges, in one file (codeckv/cache/saved.py)
+    session.save("chat.kvc", loaded)   # the codec cache and the exchanges, in one file (cache/saved_format.py)
     session.resume(loaded, "chat.kvc") # continue it: the codec cache from the file, the native one re-prefilled
 
 The conversation continues with the native replies, so both caches always see the same conversation.
@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from codeckv.cache import CodecCache, held_bytes
-from codeckv.cache.saved import MAX_FILE_BYTES, SavedCacheError, load_cache
+from codeckv.cache.saved_format import MAX_FILE_BYTES, SavedCacheError
+from codeckv.cache.saved_load import load_cache
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import next_logits, stop_token_ids
 from codeckv.measure.runs import NATIVE, Update
@@ -123,7 +124,7 @@ class ChatSession:
         return out + ([{"role": "user", "content": user}] if user is not None else [])
 
     def save(self, path: str | Path, loaded: LoadedModel) -> int:
-        """Write the codec cache of the conversation and its exchanges to `path` (codeckv/cache/saved.py): the bytes."""
+        """Write the codec cache of the conversation and its exchanges to `path` (cache/saved_format.py): the bytes."""
         if self.in_turn or len(self.runs) != 2 or not self.held or not self.exchanges:
             raise ValueError("nothing to save yet: the conversation needs a finished turn first")
         codec = self.runs[1]

@@ -24,7 +24,7 @@ from transformers import DynamicCache
 
 from codeckv.cache import CodecCache, footprint
 from codeckv.cache.calibration import calibration_for
-from codeckv.cache.saved import load_cache
+from codeckv.cache.saved_load import load_cache
 from codeckv.corpus import corpus_windows
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import next_logits

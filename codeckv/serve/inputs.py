@@ -6,7 +6,7 @@
     tier = tier_from_knobs(..., per_layer="0-3:int8")          # ... with its own tier on some layers (schedule.py)
     fits_model(tier, loaded.info)                              # its codecs, windows and layers fit this model
     text = read_text_file("notes.md"); text = document_text("Python reference: the try statement (≈2.0k tokens)")
-    path = saved_cache_file(upload, max_bytes)                 # an uploaded .kvc cache file, bounded (cache/saved.py)
+    path = saved_cache_file(upload, max_bytes)                 # an uploaded .kvc cache file, bounded
 
 Every check raises ValueError with the allowed values in the message; the app shows it as it is.
 """
@@ -30,7 +30,7 @@ from codeckv.tiers import TIERS, Tier, custom_tier, get_tier
 
 MAX_GROUP = 256  # quantization group (channels or tokens)
 TEXT_FILE_TYPES = (".txt", ".md")
-CACHE_FILE_TYPES = (".kvc",)  # a saved codec cache (cache/saved.py)
+CACHE_FILE_TYPES = (".kvc",)  # a saved codec cache (cache/saved_format.py)
 INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"), None)  # zero-width, soft hyphen
 BITS_CHOICES = ("none", *map(str, ALLOWED_BITS))
 
@@ -185,7 +185,7 @@ def read_text_file(path: str | Path, max_chars: int | None = None) -> str:
 
 
 def saved_cache_file(path, max_bytes: int) -> Path:
-    """An uploaded cache file: a .kvc path of at most max_bytes (its content is checked by codeckv.cache.saved)."""
+    """An uploaded cache file: a .kvc path of at most max_bytes (its content is checked by codeckv.cache.saved_load)."""
     if not path:
         raise ValueError(f"upload a codec cache file first (allowed: {', '.join(CACHE_FILE_TYPES)}, downloaded "
                          "from the Chat)")

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from codeckv.cache.saved import read_header, tier_from_spec
+from codeckv.cache.saved_format import tier_from_spec
+from codeckv.cache.saved_load import read_header
 from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure, worst_tier
 from codeckv.figures.plots import memory_figure, pareto_figure
 from codeckv.loaded import LoadedModel
@@ -263,7 +264,7 @@ def chat_resume(loaded: LoadedModel, session: ChatSession, upload, limits: Limit
     """Continue a conversation from an uploaded .kvc file: (native panel, codec panel, native note, codec note,
     tier name, whether attention reads the codes), the last two for the Chat's controls.
 
-    The codec cache comes from the file (every check of codeckv/cache/saved.py, within the operator's size cap); the
+    The codec cache comes from the file (every check of cache/saved_load.py, within the operator's size cap); the
     native cache is re-prefilled from the saved token ids. On any error the session is left as it was.
     """
     path = saved_cache_file(upload, limits.max_cache_file_bytes)

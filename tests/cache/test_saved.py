@@ -14,7 +14,8 @@ from codeckv.cache import CodecCache, calibration, make_cache
 from codeckv.cache.attention import use_codec_attention
 from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.layers import CodecLayer
-from codeckv.cache.saved import MAX_FILE_BYTES, SavedCacheError, load_cache, tier_from_spec, tier_spec
+from codeckv.cache.saved_format import MAX_FILE_BYTES, SavedCacheError, tier_from_spec, tier_spec
+from codeckv.cache.saved_load import load_cache
 from codeckv.codecs.quant import GroupQuant
 from codeckv.measure.generate import next_logits
 from codeckv.tiers import TIERS, custom_tier
