@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from codeckv.cache.kernel_ops import decode, encode
-from codeckv.codecs.ans import ENCODE_BATCH_SYMBOLS
+from codeckv.codecs.ans_vectorized import ENCODE_BATCH_SYMBOLS
 from codeckv.codecs.base import concat_encoded, split_heads
 from codeckv.codecs.pca import archive_layers
 

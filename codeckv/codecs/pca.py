@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from codeckv.codecs.ans import ESCAPE_RANGE, LENGTH_BYTES, STREAM_SLACK_BYTES, EntropyTable, encode_tables
+from codeckv.codecs.ans import ESCAPE_RANGE, LENGTH_BYTES, STREAM_SLACK_BYTES, EntropyTable
+from codeckv.codecs.ans_vectorized import encode_tables
 from codeckv.codecs.base import Encoded
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rate import HEADER_BYTES, LADDER, NOTHING, SKIP, RateBudget, Spent, ladder_steps
@@ -110,7 +111,7 @@ class _Plan:
 def archive_layers(requests: list[tuple]) -> list[tuple[list[Chunk], tuple[torch.Tensor, torch.Tensor]]]:
     """LayerCoder.archive for several layers at once, (coder, keys, values, start, unit, budget, before) each:
     every layer's chunks and decoded (keys, values), as its own archive gives, with one entropy-coding pass
-    over all of their streams (ans.encode_tables: a flush of many layers, codeckv/cache/flush.py)."""
+    over all of their streams (ans_vectorized.encode_tables: a flush of many layers, codeckv/cache/flush.py)."""
     plans = [coder._plan(*args) for coder, *args in requests]
     streams = encode_tables([(coder.table, plan.parts, plan.shifts) for (coder, *_), plan in zip(requests, plans)])
     results = []

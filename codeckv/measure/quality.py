@@ -32,7 +32,7 @@ from codeckv.tiers import Tier, get_tier
 Progress = Callable[[int, int, str], None]  # (forwards done, forwards in all, message); may raise to stop
 # Lockstep scoring keeps decoded views: every tier decodes one token per step for hundreds of steps beside the
 # others, and on a CPU the torch path's attention on the codes (1.2-1.6x SDPA per step) makes a many-tier sweep
-# several times slower; the attention it computes is the same up to float rounding (tests/test_attention.py).
+# several times slower; the attention it computes is the same up to float rounding (tests/cache/test_attention.py).
 # The committed quality CSVs were measured so too. `held_bytes` of a row then says what the view costs.
 SCORING_ON_CODES = False
 

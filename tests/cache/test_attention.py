@@ -169,7 +169,7 @@ def test_a_bf16_model_runs_every_tier(tiny_gemma3, materialization_free):
     ids = torch.randint(0, 128, (1, 70), generator=torch.Generator().manual_seed(0))
     native = _greedy(model, ids, DynamicCache(config=config), 12)
     for name, tier in TIERS.items():
-        if tier.is_native or tier.joint is not None:  # PCA tiers: calibrated per model, tests/test_pca.py
+        if tier.is_native or tier.joint is not None:  # PCA tiers: calibrated per model, tests/cache/test_pca.py
             continue
         cache = make_cache(config, name, materialization_free=materialization_free)
         tokens = _greedy(model, ids, cache, 12)

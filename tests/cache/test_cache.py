@@ -12,7 +12,7 @@ from codeckv.cache.layers import CodecLayer
 from codeckv.tiers import TIERS
 
 PROMPT = "The history of the printing press begins in"
-# Tiers whose codecs code keys and values on their own; the PCA tiers need a calibrated model (tests/test_pca.py).
+# Tiers whose codecs code keys and values on their own; the PCA tiers need a calibrated model (tests/cache/test_pca.py).
 PER_TENSOR_TIERS = [name for name, t in TIERS.items() if not t.is_native and t.joint is None]
 
 

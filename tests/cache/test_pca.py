@@ -11,10 +11,11 @@ from transformers import DynamicCache
 
 import codeckv.cache.calibration as calibration
 import codeckv.cache.flush as flush
-import codeckv.codecs.ans as ans
+import codeckv.codecs.ans_vectorized as ans_vectorized
 from codeckv.cache import CodecCache, make_cache
 from codeckv.cache.pca_layer import PCALayer
-from codeckv.codecs.ans import DECODE_VECTORIZED, ENCODE_VECTORIZED, LENGTH_BYTES, EntropyTable
+from codeckv.codecs.ans import LENGTH_BYTES, EntropyTable
+from codeckv.codecs.ans_vectorized import DECODE_VECTORIZED, ENCODE_VECTORIZED
 from codeckv.codecs.pca import JointPCA
 from codeckv.codecs.rate import HEADER_BYTES, LADDER, SKIP
 from codeckv.codecs.rope import Rope
@@ -83,11 +84,11 @@ def test_encode_many_writes_the_bytes_constriction_writes_for_each_chunk():
     assert all(torch.equal(d, c) for d, c in zip(decoded, chunks)), "decode_many must give every chunk's codes"
 
 
-@pytest.mark.parametrize("batch_symbols", [ans.ENCODE_BATCH_SYMBOLS, 3000])  # one pass; many small ones
+@pytest.mark.parametrize("batch_symbols", [ans_vectorized.ENCODE_BATCH_SYMBOLS, 3000])  # one pass; many small ones
 def test_encode_tables_writes_each_tables_bytes(monkeypatch, batch_symbols):
     """Several tables (different widths, classes and shifts) coded side by side, streams of different lengths
     ending together: chunk for chunk what each table's encode_many writes (and so what constriction writes)."""
-    monkeypatch.setattr(ans, "ENCODE_BATCH_SYMBOLS", batch_symbols)
+    monkeypatch.setattr(ans_vectorized, "ENCODE_BATCH_SYMBOLS", batch_symbols)
     g = torch.Generator().manual_seed(3)
     jobs = []
     for width, count, rows in ((40, 30, 8), (23, 25, 8), (57, 12, 5)):
@@ -99,7 +100,7 @@ def test_encode_tables_writes_each_tables_bytes(monkeypatch, batch_symbols):
         chunks.append(chunks[1][:3])  # another row count of the same table
         shifts = [i % 3 - 1 for i in range(len(chunks))]
         jobs.append((table, chunks, shifts))
-    got = ans.encode_tables(jobs)
+    got = ans_vectorized.encode_tables(jobs)
     assert got == [table.encode_many(chunks, shifts) for table, chunks, shifts in jobs]
     assert all(torch.equal(table.decode(stream, c.shape[0], shift), c) for (table, chunks, shifts), streams in
                zip(jobs, got) for c, stream, shift in zip(chunks, streams, shifts))

@@ -37,7 +37,7 @@ def test_tier_error_bound(name: str, side: str) -> None:
     tier = TIERS[name]
     codec = getattr(tier, side)
     if tier.joint is not None:
-        pytest.skip(f"{name} codes K and V jointly with a per-model calibration (tests/test_pca.py)")
+        pytest.skip(f"{name} codes K and V jointly with a per-model calibration (tests/cache/test_pca.py)")
     if codec is None:
         pytest.skip(f"{name} stores {side}s natively")
     err = relative_error(codec, kv_signal())
