@@ -1,6 +1,6 @@
 """Calibration of the PCA tiers: per-layer bases, the quantizer step and the entropy tables, cached on disk.
 
-    calibration = calibration_for(loaded, "pca-8x")     # read from $CODECKV_CACHE/calibration, or computed and saved
+    calibration = calibration_for(loaded, TIERS["pca-8x"])  # from $CODECKV_CACHE/calibration, or computed and saved
     cache = make_cache(loaded, "pca-8x")                # (codeckv/cache/codec_cache.py calls calibration_for itself)
     calibration = calibrate(model, ids, JointPCA(1.5))  # the computation alone, on any (N, S) token ids
 
@@ -44,7 +44,7 @@ from codeckv.codecs.rate import LADDER, RUNGS_PER_OCTAVE, ladder_steps
 from codeckv.codecs.rope import Rope
 from codeckv.corpus import corpus_text
 from codeckv.paths import cache_dir
-from codeckv.tiers import Tier, as_tier
+from codeckv.tiers import Tier
 
 VERSION = 2  # bump when the calibration recipe or the saved format changes: old files are then ignored
 SKIP = 4  # leading positions of every calibration window left out of the statistics (attention sinks)
@@ -119,13 +119,12 @@ def calibration_path(model: str, spec: JointPCA) -> Path:
 _LOADED: dict[Path, Calibration] = {}  # calibrations already read in this process
 
 
-def calibration_for(loaded, tier: Tier | str, compute: bool = True) -> Calibration | list[Calibration] | None:
+def calibration_for(loaded, tier: Tier, compute: bool = True) -> Calibration | list[Calibration] | None:
     """The calibration `tier` needs on a LoadedModel (None when it needs none): from memory, from disk, or computed.
 
     A computed calibration is saved under calibration_dir(); compute=False raises ValueError instead.
     A per-layer schedule (codeckv/cache/schedule.py) gets the list of its PCA tiers' calibrations (None if it has none).
     """
-    tier = as_tier(tier)
     if tier.per_layer:
         return [calibration_for(loaded, t, compute) for t in tiers_used(tier) if t.joint is not None] or None
     if tier.joint is None:
@@ -134,7 +133,8 @@ def calibration_for(loaded, tier: Tier | str, compute: bool = True) -> Calibrati
     if path not in _LOADED:
         if not path.exists() and not compute:
             raise ValueError(f"tier '{tier.name}' needs a calibration of {loaded.info.name}, and none is saved at "
-                             f"{path}: run codeckv.cache.calibration.calibration_for(loaded, '{tier.name}') once")
+                             f"{path}: compute it once with "
+                             f"codeckv.cache.calibration.calibration_for(loaded, TIERS['{tier.name}'])")
         # Outside any caller's inference mode: tensors made in it could never enter autograd later (calibrate
         # needs autograd, and a calibration read here is shared by the whole process).
         with torch.inference_mode(False):

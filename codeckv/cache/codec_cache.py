@@ -5,22 +5,10 @@
     cache.footprint()                                            # archive / resident / bf16-reference bytes
     cache = make_cache(loaded, "pca-8x")                         # a LoadedModel: PCA tiers get their calibration
 
-One codec layer (codeckv/cache/layers.py) per full-attention layer; sliding-window, linear-attention and
-other layers keep their native transformers layer (hybrid models such as Gemma 3). A PCA tier's layers
-(codeckv/cache/pca_layer.py) each take their layer's coder from a Calibration (codeckv/cache/calibration.py).
-
-`make_cache(config, "turbo-4", per_layer={0: "int8"})` gives layers their own tiers (codeckv/cache/schedule.py).
-
-Attention reads the stored codes by default (`materialization_free=None`: CodedLayer, no decoded view;
-codeckv.cache.attention, where models from `codeckv.load_model` are already routed), so the cache holds its
-archive and a few raw tokens, not a full-precision copy. A tier whose codes no kernel reads (png's
-deltas, PCA's entropy-coded chunks: `view_reason`) keeps a decoded view instead; `materialization_free=
-False` asks for the view on any tier (the opt-in), True insists on the codes. By default the cache also
-chooses by itself a decoded view for the decode steps of a short context (up to SHORT_VIEW_TOKENS tokens,
-where SDPA on it is faster than the torch path on the codes; dropped past it and at rest), except on the
-CPU for tiers whose codes the compiled kernel reads (no DCT: kernel_ops.attention_compiled), which
-read their codes at every length; `attention` says which path the cache is on now (CODES, SHORT_VIEW or
-VIEW) and held_bytes counts the view.
+One codec layer per full-attention layer (cache/layers.py, coded_layer.py, pca_layer.py); other layers
+(sliding window, linear attention) keep their native transformers layer. `materialization_free` picks where
+attention reads the archive (None: the stored codes wherever a kernel reads them, else a decoded view);
+`attention` reports it per layer. docs/architecture.md has the table of modes.
 """
 
 from __future__ import annotations
@@ -39,7 +27,7 @@ from transformers.cache_utils import (
 )
 
 from codeckv.cache.calibration import Calibration, budget_shares, calibration_for
-from codeckv.cache.coded_layer import SHORT_VIEW_TOKENS, CodedLayer
+from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.flush import flush_layers
 from codeckv.cache.footprint import Footprint, LayerFootprint
 from codeckv.cache.kernel_ops import layout_of
@@ -51,8 +39,9 @@ from codeckv.codecs.layout import NoRowLayout
 from codeckv.loaded import LoadedModel
 from codeckv.tiers import Tier, as_tier
 
-CODES, VIEW = "on the stored codes", "on a decoded view"  # CodecCache.attention
-SHORT_VIEW = f"on a decoded view while short (up to {SHORT_VIEW_TOKENS} tokens; on the stored codes beyond)"
+# Where a codec layer's attention reads its archived tokens (CodecCache.attention; serve/formatting.py phrases them):
+# on the stored codes, on a decoded view while the context is short (SHORT_VIEW_TOKENS), or on a decoded view.
+CODES, SHORT_VIEW, VIEW = "codes", "short view", "view"
 
 
 class CodecCache(Cache):
@@ -63,22 +52,11 @@ class CodecCache(Cache):
         self.tier = tier
 
     @property
-    def attention(self) -> str:
-        """Where attention reads this cache's archived tokens now: CODES, SHORT_VIEW (codes layers whose decode
-        steps read a short context's view, codeckv/cache/coded_layer.py), VIEW (a decoded view throughout), or how
-        many layers read each (a schedule, or layers whose tiers differ in what the compiled kernel reads)."""
-        codec = [layer for layer in self.layers if isinstance(layer, CodecLayer)]
-        coded = [layer for layer in codec if isinstance(layer, CodedLayer)]
-        on_view = sum(layer.on_view for layer in coded)
-        counts = [(mode, n) for mode, n in ((CODES, len(coded) - on_view), (SHORT_VIEW, on_view),
-                                            (VIEW, len(codec) - len(coded))) if n]
-        if len(counts) <= 1:
-            return counts[0][0] if counts else VIEW
-        parts = [f"{counts[0][0]} in {counts[0][1]} of {len(codec)} layers"]
-        parts += [f"{mode} in {n}" for mode, n in counts[1:-1]]
-        last_mode, last_n = counts[-1]
-        parts.append(f"{last_mode} in the others" if len(counts) == 2 else f"{last_mode} in {last_n}")
-        return ", ".join(parts)
+    def attention(self) -> dict[int, str]:
+        """Per codec layer (its model layer index), where attention reads its archived tokens now: CODES, SHORT_VIEW
+        (a codes layer whose decode steps read a short context's view, cache/coded_layer.py) or VIEW."""
+        return {index: (CODES if not layer.on_view else SHORT_VIEW) if isinstance(layer, CodedLayer) else VIEW
+                for index, layer in enumerate(self.layers) if isinstance(layer, CodecLayer)}
 
     @classmethod
     def from_config(
@@ -197,9 +175,8 @@ def _attends_on_codes(config) -> bool:
     return getattr(config, "_attn_implementation", None) == ATTENTION
 
 
-def view_reason(tier: Tier | str) -> str | None:
+def view_reason(tier: Tier) -> str | None:
     """Why attention cannot read `tier`'s stored codes, so that its cache keeps a decoded view (None: it can)."""
-    tier = as_tier(tier)
     if tier.is_native:
         return "a native cache holds its tokens as they are"
     for index, layer_tier in tier.per_layer:

@@ -1,13 +1,9 @@
 """CodedLayer: a CodecLayer (codeckv/cache/layers.py) without the decoded view; attention runs on the stored codes.
 
-Its update() returns shape-only "meta" tensors tagged with the layer (TAG) and codeckv.cache.attention runs
-kernels.decode_attention on its segments (the stored codes, the raw tokens). Short contexts are the
-exception: a decode step on a layer holding at most SHORT_VIEW_TOKENS tokens reads a decoded view (built
-once, then kept as CodecLayer keeps its own), which SDPA reads faster than the torch path reads the codes
-there; past SHORT_VIEW_TOKENS, or at rest, the view goes. Not on the CPU where the compiled kernel reads
-both sides' codes (kernel_ops.attention_compiled: the tiers without a DCT, e.g. turbo-4, int8): about as
-fast there, so the codes are read at every length. Prefill chunks never build it, so a long prompt's
-peak stays the archive plus one chunk. held_bytes counts it.
+Its update() returns shape-only "meta" tensors tagged with the layer (TAG); codeckv.cache.attention then runs
+kernels.decode_attention on its segments (the stored codes, the raw tokens). A short context's decode steps may
+read a decoded view instead (`short_view`, up to SHORT_VIEW_TOKENS tokens; never a prefill chunk, never at
+rest); docs/architecture.md tabulates when. held_bytes counts it.
 """
 
 from __future__ import annotations

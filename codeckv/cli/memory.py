@@ -27,12 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from codeckv.measure.memory import beside_native, memory_row_isolated, modes_of
     from codeckv.measure.table import format_table, write_csv
+    from codeckv.tiers import get_tier
 
-    plan = [(t, m, c) for c in args.contexts for t in dict.fromkeys(["native", *args.tiers]) for m in modes_of(t)]
+    tiers = [get_tier(name) for name in dict.fromkeys(["native", *args.tiers])]
+    plan = [(t, m, c) for c in args.contexts for t in tiers for m in modes_of(t)]
     rows = []
     with tqdm(total=len(plan), desc="memory", unit="turn") as bar:
         for tier, mode, context in plan:
-            bar.set_postfix_str(f"{tier} ({mode}) at {context:,} tokens")  # the turn running now
+            bar.set_postfix_str(f"{tier.name} ({mode}) at {context:,} tokens")  # the turn running now
             rows.append(memory_row_isolated(args.model, tier, mode, context, args.new_tokens))
             bar.update(1)
     table = beside_native(rows)

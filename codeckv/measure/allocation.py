@@ -44,10 +44,10 @@ from codeckv.cache.layers import CodecLayer
 from codeckv.cache.schedule import layers_text, schedule
 from codeckv.loaded import LoadedModel
 from codeckv.measure.quality import QualityRow, measure_quality
-from codeckv.tiers import Tier, as_tier
+from codeckv.tiers import TIERS, Tier
 
 Progress = Callable[[int, int, str], None]
-DEFAULT_LADDER = ("turbo-3", "turbo-4", "int8")
+DEFAULT_LADDER = (TIERS["turbo-3"], TIERS["turbo-4"], TIERS["int8"])
 COST_UNITS = 4096  # the allocation counts bytes in 1/4096 of a bf16 layer (the presets' ratios are multiples of 1/64)
 
 
@@ -105,8 +105,8 @@ class Allocation:
                 for index, tier in sorted(self.per_layer.items())]
 
 
-def fisher_sensitivity(loaded: LoadedModel, ladder=DEFAULT_LADDER, windows: int = 4, length: int = 256
-                       ) -> Sensitivity:
+def fisher_sensitivity(loaded: LoadedModel, ladder: tuple[Tier, ...] = DEFAULT_LADDER, windows: int = 4,
+                       length: int = 256) -> Sensitivity:
     """Each full-attention layer's Fisher-weighted reconstruction error under each rung (module docstring)."""
     rungs, cost = _ladder(ladder, loaded.info.head_dim)
     score = fisher_scores(loaded.model, calibration_windows(loaded.tokenizer, windows, length), rungs)
@@ -174,18 +174,18 @@ def _fixed_cost(tier: Tier, head_dim: int) -> float:
 
 def _ladder(tiers, head_dim: int) -> tuple[list[Tier], dict[str, float]]:
     """The rungs as Tiers, each with its fixed cost."""
-    ladder = [as_tier(t) for t in tiers]
+    ladder = list(tiers)
     if len(ladder) < 2 or len({t.name for t in ladder}) != len(ladder):
         raise ValueError(f"give at least two distinct tiers to choose from (got {[t.name for t in ladder]})")
     return ladder, {t.name: _fixed_cost(t, head_dim) for t in ladder}
 
 
-def layer_sensitivity(loaded: LoadedModel, ladder=DEFAULT_LADDER, windows: int = 2, length: int = 256,
-                      progress: Progress | None = None) -> Sensitivity:
+def layer_sensitivity(loaded: LoadedModel, ladder: tuple[Tier, ...] = DEFAULT_LADDER, windows: int = 2,
+                      length: int = 256, progress: Progress | None = None) -> Sensitivity:
     """Each full-attention layer compressed alone by each rung, against native, on the embedded corpus."""
     rungs, cost = _ladder(ladder, loaded.info.head_dim)
     layers = [i for i, kind in enumerate(loaded.info.layer_types) if kind == "full_attention"]
-    probes = {(layer, rung.name): schedule("native", {layer: rung}) for layer in layers for rung in rungs}
+    probes = {(layer, rung.name): schedule(TIERS["native"], {layer: rung}) for layer in layers for rung in rungs}
     run = measure_quality(loaded, list(probes.values()), windows, length, "corpus", progress=progress)
     by_name = {row.tier: row for row in run.rows}
     rows = {key: by_name[probe.name] for key, probe in probes.items()}
@@ -195,13 +195,12 @@ def layer_sensitivity(loaded: LoadedModel, ladder=DEFAULT_LADDER, windows: int =
                        top1_pct={k: r.top1_pct for k, r in rows.items()}, windows=windows, length=length)
 
 
-def allocate(sensitivity: Sensitivity, budget: Tier | str = "turbo-4") -> Allocation:
+def allocate(sensitivity: Sensitivity, budget: Tier = TIERS["turbo-4"]) -> Allocation:
     """The rung per layer with the least summed sensitivity whose mean cost is <= the budget tier's (exact).
 
     Dynamic programming over the layers and the bytes spent, in units of 1/COST_UNITS of a bf16 layer:
     each rung's cost rounded up and the budget down, so the plan never spends more than the budget.
     """
-    budget = as_tier(budget)
     budget_cost = _fixed_cost(budget, sensitivity.head_dim)
     units = {name: math.ceil(cost * COST_UNITS - 1e-6) for name, cost in sensitivity.cost.items()}
     limit = math.floor(budget_cost * COST_UNITS * len(sensitivity.layers) + 1e-6)

@@ -34,7 +34,7 @@ from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import next_logits, stop_token_ids
 from codeckv.measure.runs import NATIVE, Update
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Run, prompt_ids, rewind, stream_turn
-from codeckv.tiers import Tier, as_tier, get_tier
+from codeckv.tiers import Tier, get_tier
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -171,7 +171,7 @@ class ChatSession:
         self.last = self.asking = None
         return last
 
-    def ask(self, loaded: LoadedModel, user: str, tier: Tier | str, max_new_tokens: int = 96,
+    def ask(self, loaded: LoadedModel, user: str, tier: Tier, max_new_tokens: int = 96,
             materialization_free: bool | None = None, shown: str | None = None,
             max_prompt_tokens: int | None = None) -> Iterator[Update]:
         """One turn: `user` after the conversation so far; the exchange is kept when the turn finishes."""
@@ -188,14 +188,13 @@ class ChatSession:
         self,
         loaded: LoadedModel,
         messages: list[dict],
-        tier: Tier | str,
+        tier: Tier,
         max_new_tokens: int = 96,
         materialization_free: bool | None = None,
         stop_at_eos: bool = True,
         max_prompt_tokens: int | None = None,
     ) -> Iterator[Update]:
         """One turn on `messages` (the whole conversation, ending with the user's message), streamed."""
-        tier = as_tier(tier)
         ids = prompt_ids(loaded, messages, max_new_tokens, max_prompt_tokens)
         setup = (loaded.info.name, tier, materialization_free)
         self.notice, self.evicted = self.evicted, None

@@ -38,7 +38,7 @@ from codeckv.cache.schedule import check_layers
 from codeckv.codecs.dct import DCT, dct_basis
 from codeckv.loaded import LoadedModel
 from codeckv.measure.side_by_side import Prompt, prompt_ids
-from codeckv.tiers import Tier, as_tier
+from codeckv.tiers import Tier
 
 DEFAULT_BLOCK = 8  # DCT block for the spectrum of a tier without a DCT codec
 
@@ -296,13 +296,12 @@ def layer_errors(capture: KVCapture, tier: Tier, calibration: Calibration | list
     return out
 
 
-def inspect_capture(capture: KVCapture, tier: Tier | str, layer: int = 0, head: int = 0,
+def inspect_capture(capture: KVCapture, tier: Tier, layer: int = 0, head: int = 0,
                     calibration: Calibration | list[Calibration] | None = None) -> Inspection:
     """Heatmaps of (layer, head), spectra and per-layer errors of `tier` on a capture (calibration: PCA tiers).
 
     tier: a plain tier or a per-layer schedule (codeckv/cache/schedule.py), checked against the capture's layers.
     """
-    tier = as_tier(tier)
     check_layers(tier, capture.layer_types)
     layers, heads = len(capture.keys), capture.keys[0].shape[0]
     if not (0 <= layer < layers and 0 <= head < heads):
@@ -319,7 +318,7 @@ def inspect_capture(capture: KVCapture, tier: Tier | str, layer: int = 0, head: 
                       channel_spectrum(capture, shown or None), layer_errors(capture, tier, calibration))
 
 
-def inspect_tier(loaded: LoadedModel, prompt: Prompt, tier: Tier | str, layer: int = 0, head: int = 0) -> Inspection:
+def inspect_tier(loaded: LoadedModel, prompt: Prompt, tier: Tier, layer: int = 0, head: int = 0) -> Inspection:
     """capture_kv then inspect_capture (with the model's calibrations for the PCA tiers it uses)."""
     return inspect_capture(capture_kv(loaded, prompt), tier, layer, head, calibration_for(loaded, tier))
 

@@ -22,8 +22,9 @@ from codeckv.cache import CodecCache, footprint
 from codeckv.corpus import corpus_windows
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import next_logits
+from codeckv.measure.runs import attention_counts
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Prompt, prompt_ids, run_side_by_side
-from codeckv.tiers import Tier, as_tier
+from codeckv.tiers import Tier
 
 WARMUP_STEPS = 2  # decode steps of every run before timing starts (codes_latency_table)
 
@@ -31,14 +32,14 @@ WARMUP_STEPS = 2  # decode steps of every run before timing starts (codes_latenc
 def latency_table(
     loaded: LoadedModel,
     prompt: Prompt,
-    tiers: list[str | Tier],
+    tiers: list[Tier],
     max_new_tokens: int = 64,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """One row per tier and view: decode ms/token native vs codec, their ratio, prefill, match, ΔNLL, bytes."""
     rows = []
     prompt_tokens = prompt_ids(loaded, prompt, max_new_tokens).shape[1]
-    for tier in (as_tier(t) for t in tiers):
+    for tier in tiers:
         for materialization_free in (False, True):
             result = run_side_by_side(loaded, prompt, tier, max_new_tokens, stop_at_eos=False,
                                       materialization_free=materialization_free)
@@ -85,7 +86,6 @@ def codes_latency_table(
     if max_new_tokens <= WARMUP_STEPS:
         raise ValueError(f"codes_latency_table: max_new_tokens={max_new_tokens} leaves no timed step "
                          f"(allowed: more than {WARMUP_STEPS})")
-    tiers = [as_tier(t) for t in tiers]
     rows = []
     for context in contexts:
         ids = corpus_windows(loaded.tokenizer, 1, context).to(loaded.model.device)
@@ -108,7 +108,7 @@ def codes_latency_table(
             rows.append({
                 "tier": run.label,
                 "context": context,
-                "attention": run.cache.attention,
+                "attention": attention_counts(run.cache),
                 "device": loaded.info.device,
                 "dtype": loaded.info.dtype,
                 "threads": torch.get_num_threads(),

@@ -31,7 +31,7 @@ from codeckv.cache import CodecCache, footprint, held_bytes, make_cache, view_re
 from codeckv.corpus import corpus_windows
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import next_logits
-from codeckv.tiers import as_tier
+from codeckv.tiers import TIERS, Tier, get_tier
 
 PREFILL_CHUNK = 512  # prompt tokens per forward, as in the chat
 MODES = ("native", "codes", "view")
@@ -53,19 +53,19 @@ class MemoryRow:
     process_peak_source: str = ""
 
 
-def modes_of(tier: str) -> list[str]:
+def modes_of(tier: Tier) -> list[str]:
     """The modes a tier runs in: native alone, else the codes where a kernel reads them, and the view."""
-    if as_tier(tier).is_native:
+    if tier.is_native:
         return ["native"]
     return (["codes"] if view_reason(tier) is None else []) + ["view"]
 
 
 @torch.inference_mode()
-def memory_row(loaded: LoadedModel, tier: str, mode: str, context: int, new_tokens: int = 64,
+def memory_row(loaded: LoadedModel, tier: Tier, mode: str, context: int, new_tokens: int = 64,
                ids: torch.Tensor | None = None) -> MemoryRow:
     """One turn of `tier` in `mode` on `context` corpus tokens (or `ids`, (1, >= context)), measured."""
     if mode not in modes_of(tier):
-        raise ValueError(f"tier {tier!r} does not run in mode {mode!r} (allowed: {', '.join(modes_of(tier))})")
+        raise ValueError(f"tier {tier.name!r} does not run in mode {mode!r} (allowed: {', '.join(modes_of(tier))})")
     if ids is None:
         ids = corpus_windows(loaded.tokenizer, 1, context)
     ids = ids[:, :context].to(loaded.model.device)
@@ -87,19 +87,20 @@ def memory_row(loaded: LoadedModel, tier: str, mode: str, context: int, new_toke
     if isinstance(cache, CodecCache):
         cache.compact()
         at_rest = held_bytes(cache)
-    return MemoryRow(tier, mode, context, fp.tokens, held, max(peak, held), at_rest, fp.archive_bytes,
+    return MemoryRow(tier.name, mode, context, fp.tokens, held, max(peak, held), at_rest, fp.archive_bytes,
                      fp.bf16_bytes, seconds)
 
 
-def memory_rows(loaded: LoadedModel, tiers: list[str], contexts: list[int], new_tokens: int = 64,
+def memory_rows(loaded: LoadedModel, tiers: list[Tier], contexts: list[int], new_tokens: int = 64,
                 progress: Callable[[int, int, str], None] | None = None) -> list[MemoryRow]:
     """memory_row for native and every tier in each of its modes, at every context, in this process."""
-    plan = [(t, m, c) for c in contexts for t in ["native", *[t for t in tiers if t != "native"]] for m in modes_of(t)]
+    plan = [(t, m, c) for c in contexts for t in [TIERS["native"], *[t for t in tiers if not t.is_native]]
+            for m in modes_of(t)]
     ids = corpus_windows(loaded.tokenizer, 1, max(contexts))
     rows = []
     for done, (tier, mode, context) in enumerate(plan):
         if progress:
-            progress(done, len(plan), f"{tier} ({mode}) at {context:,} tokens")
+            progress(done, len(plan), f"{tier.name} ({mode}) at {context:,} tokens")
         rows.append(memory_row(loaded, tier, mode, context, new_tokens, ids))
     return rows
 
@@ -125,13 +126,17 @@ def beside_native(rows: list[MemoryRow]) -> list[dict]:
     return out
 
 
-def memory_row_isolated(model: str | None, tier: str, mode: str, context: int, new_tokens: int = 64) -> MemoryRow:
-    """memory_row in a fresh process, with that process's peak memory over the turn (module docstring)."""
-    request = json.dumps({"model": model, "tier": tier, "mode": mode, "context": context, "new_tokens": new_tokens})
+def memory_row_isolated(model: str | None, tier: Tier, mode: str, context: int, new_tokens: int = 64) -> MemoryRow:
+    """memory_row in a fresh process, with that process's peak memory over the turn (module docstring).
+
+    tier: a preset (the child process rebuilds it from its name).
+    """
+    request = json.dumps({"model": model, "tier": get_tier(tier.name).name, "mode": mode, "context": context,
+                          "new_tokens": new_tokens})
     done = subprocess.run([sys.executable, "-m", "codeckv.measure.memory", request], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2])
     if done.returncode != 0:  # the child's own one-line message (a model that cannot load, ...)
-        lines = done.stderr.strip().splitlines() or [f"the {tier} ({mode}) row at {context} tokens failed"]
+        lines = done.stderr.strip().splitlines() or [f"the {tier.name} ({mode}) row at {context} tokens failed"]
         raise RuntimeError(lines[-1].removeprefix("error: "))
     return MemoryRow(**json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -151,9 +156,10 @@ def _isolated(request: dict) -> MemoryRow:
 
     loaded = load_model(request["model"])
     ids = corpus_windows(loaded.tokenizer, 1, request["context"])
-    if as_tier(request["tier"]).joint is not None:
-        calibration_for(loaded, as_tier(request["tier"]))  # read (or compute) it before the turn is measured
-    memory_row(loaded, request["tier"], request["mode"], min(64, request["context"]), 2, ids)  # warm up
+    tier = get_tier(request["tier"])
+    if tier.joint is not None:
+        calibration_for(loaded, tier)  # read (or compute) it before the turn is measured
+    memory_row(loaded, tier, request["mode"], min(64, request["context"]), 2, ids)  # warm up
     cuda = loaded.model.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(loaded.model.device)
@@ -161,7 +167,7 @@ def _isolated(request: dict) -> MemoryRow:
     else:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
         before = _rss("VmRSS")
-    row = memory_row(loaded, request["tier"], request["mode"], request["context"], request["new_tokens"], ids)
+    row = memory_row(loaded, tier, request["mode"], request["context"], request["new_tokens"], ids)
     if cuda:
         row.process_peak_bytes = torch.cuda.max_memory_allocated(loaded.model.device) - before
         row.process_peak_source = "cuda max_memory_allocated over the turn, less what was allocated before"

@@ -28,9 +28,9 @@ from transformers import DynamicCache
 from codeckv.cache import footprint
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import chat_input_ids, next_logits, stop_token_ids
-from codeckv.measure.peers import Peer, absent_reason, filled_peer_cache, peer_footprint, run_for
+from codeckv.measure.peers import Peer, absent_reason, filled_peer_cache, peer_footprint
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Run, filled_from
-from codeckv.tiers import Tier, get_tier
+from codeckv.tiers import TIERS, Tier
 
 INTRO = ("There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the pass key.\n\n")
@@ -112,7 +112,7 @@ def needle_grid(
     progress: Progress | None = None,
 ) -> NeedleGrid:
     """Native and every tier or peer on every (length, depth): retrieved or not."""
-    tiers = [get_tier("native")] + [t for t in (run_for(t) for t in tiers) if not t.is_native]
+    tiers = [TIERS["native"]] + [t for t in tiers if not t.is_native]
     reasons = {t.name: absent_reason(t, loaded.info) for t in tiers if isinstance(t, Peer)}
     tiers = [t for t in tiers if not reasons.get(t.name)]
     longest = max(lengths) + ANSWER_TOKENS

@@ -29,7 +29,7 @@ from codeckv.cache.pca_layer import PCALayer
 from codeckv.codecs.rate import LADDER, REPAY_TOKENS, RUNGS_PER_OCTAVE, SKIP
 from codeckv.corpus import corpus_text, docstrings_text, text_windows
 from codeckv.loaded import LoadedModel
-from codeckv.tiers import as_tier
+from codeckv.tiers import Tier
 
 MULTILINGUAL = (
     "Die Kompression des Zwischenspeichers eines Sprachmodells spart Speicher, kostet aber Genauigkeit. Jede "
@@ -85,7 +85,7 @@ class PCASizeRow:
     skipped_pct: float  # chunks stored without codes, %
 
 
-def pca_size_table(loaded: LoadedModel, tiers, texts: list[str] | None = None, length: int = 512,
+def pca_size_table(loaded: LoadedModel, tiers: list[Tier], texts: list[str] | None = None, length: int = 512,
                    prefill: int = 384, progress: Callable[[str], None] | None = None) -> list[PCASizeRow]:
     """One row per (tier, text) (module docstring); texts: names of SIZE_TEXTS (default: all)."""
     texts = list(SIZE_TEXTS) if texts is None else texts
@@ -94,7 +94,6 @@ def pca_size_table(loaded: LoadedModel, tiers, texts: list[str] | None = None, l
         raise ValueError(f"unknown texts {unknown} (allowed: {', '.join(SIZE_TEXTS)})")
     if not 0 < prefill <= length:
         raise ValueError(f"prefill={prefill} must be in 1..length={length}")
-    tiers = [as_tier(t) for t in tiers]
     if any(t.joint is None for t in tiers):
         raise ValueError("pca-size measures PCA tiers only (allowed: tiers with a joint coder, e.g. pca-8x)")
     rows = []

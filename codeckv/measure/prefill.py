@@ -26,7 +26,7 @@ from codeckv.cache import CodecCache, make_cache
 from codeckv.cache.calibration import calibration_for
 from codeckv.corpus import corpus_windows
 from codeckv.loaded import LoadedModel
-from codeckv.tiers import Tier, as_tier
+from codeckv.tiers import Tier
 
 
 @dataclass
@@ -55,7 +55,7 @@ def _seconds(run: Callable[..., object], *args) -> float:
 @torch.inference_mode()
 def prefill_table(
     loaded: LoadedModel,
-    tiers: list[str | Tier],
+    tiers: list[Tier],
     lengths: list[int],
     reps: int = 3,
     convert: bool = True,
@@ -63,7 +63,7 @@ def prefill_table(
 ) -> list[PrefillRow]:
     """Time native / prefill + flush / native + from_cache for every tier and prompt length (module docstring)."""
     model, config = loaded.model, loaded.model.config
-    tiers = [t for t in (as_tier(t) for t in tiers) if not t.is_native]
+    tiers = [t for t in tiers if not t.is_native]
     for tier in tiers:  # a PCA tier's calibration is read (or computed) now, outside the timings
         calibration_for(loaded, tier)
 

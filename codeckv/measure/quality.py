@@ -20,14 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from codeckv.cache import CodecCache, footprint, held_bytes, make_cache
+from codeckv.cache import footprint, held_bytes, make_cache
 from codeckv.cache.layers import CodecLayer
 from codeckv.corpus import source_text, text_windows
 from codeckv.loaded import LoadedModel
 from codeckv.measure.lockstep import Reference, Scores, compare, lockstep, stack_size
 from codeckv.measure.peers import ATTENTION as PEER_ATTENTION
-from codeckv.measure.peers import Peer, absent_reason, make_peer_cache, packing_reason, peer_footprint, run_for
-from codeckv.tiers import Tier, get_tier
+from codeckv.measure.peers import Peer, absent_reason, make_peer_cache, packing_reason, peer_footprint
+from codeckv.measure.runs import attention_counts
+from codeckv.tiers import TIERS, Tier
 
 Progress = Callable[[int, int, str], None]  # (forwards done, forwards in all, message); may raise to stop
 # Lockstep scoring keeps decoded views: every tier decodes one token per step for hundreds of steps beside the
@@ -44,7 +45,7 @@ class QualityRow:
     archive_bytes: int  # codec-carrying layers holding `length` tokens (per window)
     bf16_bytes: int  # a bf16 native cache of the same tokens
     held_bytes: int  # every tensor the cache owned at run time, per window (views, raw tokens, slack included)
-    attention: str  # where attention read the archived tokens (codeckv.cache.CODES / VIEW; native)
+    attention: dict[str, int]  # codec layers per attention mode (measure/runs.py MODES; a peer: its one mode)
     ratio_vs_bf16: float  # archive / bf16 at this window length (raw tail and sinks included)
     steady_state_ratio: float  # bytes per archived token / bf16 bytes per token (nan if nothing archived)
     kld: float  # mean KL(native || tier), nats per token
@@ -74,7 +75,7 @@ class QualityRun:
 
 def measure_quality(
     loaded: LoadedModel,
-    tiers: list[str | Tier | Peer],
+    tiers: list[Tier | Peer],
     windows: int = 4,
     length: int = 512,
     source: str = "corpus",
@@ -85,7 +86,6 @@ def measure_quality(
 
     A peer that cannot run here (its package missing, a hybrid model) gets no row but a line in `absent`.
     """
-    tiers = [run_for(t) for t in tiers]
     if not tiers:
         raise ValueError("choose at least one tier")
     prefix = (length + 1) // 2  # tokens a peer quantizes at once (then that plus multiples of its window)
@@ -96,7 +96,7 @@ def measure_quality(
     label = "text" if text is not None else source
     data = text_windows(loaded.tokenizer, text if text is not None else source_text(source), windows,
                         length + 1, "the text" if text is not None else f"the {source}")
-    runs = [get_tier("native"), *(t for t in tiers if not t.is_native)]  # native first: the reference
+    runs = [TIERS["native"], *(t for t in tiers if not t.is_native)]  # native first: the reference
     size = stack_size(loaded.info, windows, length + 1)
     groups = [runs[i : i + size] for i in range(0, len(runs), size)]
     total = len(groups) * (length - prefix)  # one forward per scored position, per stacked group
@@ -135,7 +135,7 @@ def _row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, source:
         archive_bytes=fp.archive_bytes // windows,
         bf16_bytes=fp.bf16_bytes // windows,
         held_bytes=(fp.resident_bytes if peer else held_bytes(cache)) // windows,
-        attention=PEER_ATTENTION if peer else cache.attention if isinstance(cache, CodecCache) else "native",
+        attention={PEER_ATTENTION: len(cache.layers)} if peer else attention_counts(cache),
         ratio_vs_bf16=fp.ratio,
         steady_state_ratio=fp.steady_state_ratio if not tier.is_native else fp.ratio,
         kld=stats.kld.mean,

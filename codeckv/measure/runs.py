@@ -13,10 +13,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from codeckv.cache import CODES, SHORT_VIEW, VIEW, CodecCache
 from codeckv.cache.footprint import Footprint
 
 NATIVE = "native"  # label of the reference run
 Prompt = str | list[dict] | torch.Tensor  # raw text, chat messages [{"role": ..., "content": ...}], or (1, T) ids
+
+MODES = (CODES, SHORT_VIEW, VIEW)  # where a codec layer's attention reads its archive (codeckv.cache.CodecCache)
 
 PEAK_SOURCE = {
     "cuda": "cuda max_memory_allocated during the run's forwards (process-wide: weights, all caches, activations)",
@@ -53,7 +56,8 @@ class RunStats:
     peak_held_bytes: int  # the most those tensors took after any forward of the turn
     peak_memory_bytes: int
     peak_memory_source: str  # what peak_memory_bytes measures (PEAK_SOURCE)
-    attention: str = "native cache"  # where attention read the archived tokens (codeckv.cache.CODES / VIEW, why)
+    attention: dict[str, int] = field(default_factory=dict)  # codec layers per attention mode ({}: a native cache)
+    view_reason: str | None = None  # why some layers read a decoded view (None where none does)
     prefill_path: str = "native"  # how the prompt went into the cache
 
     @property
@@ -164,3 +168,11 @@ class Update:
     def result(self) -> Comparison | None:
         """The first tier's Comparison (the only one in a side-by-side run), once done."""
         return next(iter(self.results.values())) if self.results else None
+
+
+def attention_counts(cache) -> dict[str, int]:
+    """How many codec layers of `cache` read their archive in each mode (MODES order); {} for a native cache."""
+    if not isinstance(cache, CodecCache):
+        return {}
+    modes = list(cache.attention.values())
+    return {mode: modes.count(mode) for mode in MODES if mode in modes}

@@ -28,7 +28,7 @@ from codeckv.cache.saved_load import load_cache
 from codeckv.corpus import corpus_windows
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import next_logits
-from codeckv.tiers import as_tier
+from codeckv.tiers import Tier
 
 SLACK_FRACTION, SLACK_BYTES = 0.01, 4096  # the file-size target: archive bytes x 1.01 + 4 KiB
 
@@ -53,11 +53,10 @@ class SavedSizeRow:
 
 
 @torch.inference_mode()
-def saved_size_table(loaded: LoadedModel, tiers: list, context: int = 2048, folder: Path = Path("out/saved-size"),
+def saved_size_table(loaded: LoadedModel, tiers: list[Tier], context: int = 2048, folder: Path = Path("out/saved-size"),
                      decode_steps: int = 8, reps: int = 3,
                      progress: Callable[[str], None] | None = None) -> list[SavedSizeRow]:
     """One SavedSizeRow per tier (module docstring); the files are written into `folder`."""
-    tiers = [as_tier(t) for t in tiers]
     device = loaded.model.device
     ids = corpus_windows(loaded.tokenizer, 1, context + decode_steps + 1)[0].to(device)
     native = DynamicCache(config=loaded.model.config)

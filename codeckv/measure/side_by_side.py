@@ -36,14 +36,14 @@ from collections.abc import Iterator
 import torch
 from transformers import Cache, DynamicCache
 
-from codeckv.cache import CODES, SHORT_VIEW, VIEW, CodecCache, footprint, held_bytes, make_cache, view_reason
+from codeckv.cache import VIEW, CodecCache, footprint, held_bytes, make_cache, view_reason
 from codeckv.cache.calibration import calibration_for
 from codeckv.cache.layers import CodecLayer
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import chat_input_ids, next_logits, stop_token_ids
 from codeckv.measure.lockstep import delta_percent, kl_divergence
-from codeckv.measure.runs import NATIVE, PEAK_SOURCE, Comparison, Panel, Prompt, RunStats, Update
-from codeckv.tiers import Tier, as_tier, get_tier
+from codeckv.measure.runs import NATIVE, PEAK_SOURCE, Comparison, Panel, Prompt, RunStats, Update, attention_counts
+from codeckv.tiers import Tier, get_tier
 
 PREFILL_CHUNK = 512  # prompt tokens per forward
 
@@ -81,19 +81,15 @@ class Run:
 
     @property
     def on_codes(self) -> bool:
-        """True when attention reads this run's stored codes (no decoded view beyond a short context's)."""
-        return isinstance(self.cache, CodecCache) and self.cache.attention != VIEW
+        """True when some layer attends on this run's stored codes (no view beyond a short context's)."""
+        return bool(attention_counts(self.cache).keys() - {VIEW})
 
     @property
-    def attention(self) -> str:
-        """Where attention reads the archived tokens, and why when it is a decoded view."""
-        if not isinstance(self.cache, CodecCache):
-            return "native cache"
-        attention = self.cache.attention
-        if attention in (CODES, SHORT_VIEW):  # no layer keeps a view beyond a short context's
-            return attention
-        why = view_reason(self.tier)
-        return f"{attention} ({why or 'asked for'})"
+    def view_reason(self) -> str | None:
+        """Why some layers read a decoded view (None where none does): the tier's reason, or the caller asked."""
+        if VIEW not in attention_counts(self.cache):
+            return None
+        return view_reason(self.tier) or "asked for"
 
     def start_turn(self, prompt_tokens: int, max_new: int) -> None:
         self.prompt_tokens, self.max_new = prompt_tokens, max_new
@@ -171,7 +167,8 @@ class Run:
             peak_held_bytes=self.peak_held,
             peak_memory_bytes=peak,
             peak_memory_source=PEAK_SOURCE["cuda" if device == "cuda" else "cpu"],
-            attention=self.attention,
+            attention=attention_counts(self.cache),
+            view_reason=self.view_reason,
             prefill_path=self.prefill_path,
         )
 
@@ -321,7 +318,7 @@ def labels_of(tiers: list[Tier]) -> list[str]:
 def stream_runs(
     loaded: LoadedModel,
     prompt: Prompt,
-    tiers: list[Tier | str],
+    tiers: list[Tier],
     max_new_tokens: int = 64,
     stop_at_eos: bool = True,
     materialization_free: bool | None = None,
@@ -333,7 +330,6 @@ def stream_runs(
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    tiers = [as_tier(t) for t in tiers]
     ids = prompt_ids(loaded, prompt, max_new_tokens)
     stop_ids = stop_token_ids(loaded.tokenizer, loaded.model) if stop_at_eos else frozenset()
     runs = [Run(loaded, NATIVE, get_tier(NATIVE))]
@@ -342,7 +338,7 @@ def stream_runs(
 
 
 def stream_side_by_side(
-    loaded: LoadedModel, prompt: Prompt, tier: Tier | str, max_new_tokens: int = 64, stop_at_eos: bool = True,
+    loaded: LoadedModel, prompt: Prompt, tier: Tier, max_new_tokens: int = 64, stop_at_eos: bool = True,
     materialization_free: bool | None = None,
 ) -> Iterator[Update]:
     """Native vs one tier, token by token; the final update carries `result` (a Comparison)."""
@@ -350,7 +346,7 @@ def stream_side_by_side(
 
 
 def run_side_by_side(
-    loaded: LoadedModel, prompt: Prompt, tier: Tier | str, max_new_tokens: int = 64, stop_at_eos: bool = True,
+    loaded: LoadedModel, prompt: Prompt, tier: Tier, max_new_tokens: int = 64, stop_at_eos: bool = True,
     materialization_free: bool | None = None,
 ) -> Comparison:
     """stream_side_by_side, consumed: the Comparison only."""

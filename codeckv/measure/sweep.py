@@ -23,7 +23,7 @@ from codeckv.loaded import LoadedModel
 from codeckv.measure.inspection import capture_kv, layer_errors
 from codeckv.measure.runs import Comparison, Prompt, RunStats
 from codeckv.measure.side_by_side import prompt_ids, stream_runs
-from codeckv.tiers import TIERS, Tier, as_tier
+from codeckv.tiers import TIERS, Tier
 
 Progress = Callable[[int, int, str], None]  # (done, total, message), e.g. a tqdm bar or gr.Progress
 
@@ -64,13 +64,13 @@ class Sweep:
 def sweep(
     loaded: LoadedModel,
     prompt: Prompt,
-    tiers: list[Tier | str] | None = None,
+    tiers: list[Tier] | None = None,
     max_new_tokens: int = 64,
     stop_at_eos: bool = True,
     progress: Progress | None = None,
 ) -> Sweep:
     """Run native once and every tier beside it on `prompt`; one SweepRow per tier, in the order given."""
-    tiers = [as_tier(t) for t in (tiers or list(TIERS))]
+    tiers = list(TIERS.values()) if tiers is None else tiers
     update = None
     for update in stream_runs(loaded, prompt, tiers, max_new_tokens, stop_at_eos):
         done, total = update.progress

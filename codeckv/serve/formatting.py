@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from codeckv.cache import CODES, SHORT_VIEW, VIEW
+from codeckv.cache.coded_layer import SHORT_VIEW_TOKENS
 from codeckv.cache.footprint import Footprint
 from codeckv.cache.kernel_ops import backend_name
 from codeckv.loaded import ModelInfo
@@ -21,6 +23,30 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+ATTENTION_WORDS = {
+    CODES: "on the stored codes",
+    SHORT_VIEW: f"on a decoded view while short (up to {SHORT_VIEW_TOKENS} tokens; on the stored codes beyond)",
+    VIEW: "on a decoded view",
+}
+
+
+def attention_text(counts: dict[str, int], why: str | None = None) -> str:
+    """Where attention read a cache's archive, in words: {mode: codec layers} (measure/runs.attention_counts) and
+    why some layers read a decoded view. E.g. 'on the stored codes in 29 of 30 layers, on a decoded view in the
+    others (layer 29 (pca-8x): ...)'; a peer's own mode is shown as it is."""
+    if not counts:
+        return "native cache"
+    words = [(ATTENTION_WORDS.get(mode, mode), n) for mode, n in counts.items()]
+    if len(words) == 1:
+        text = words[0][0]
+    else:
+        parts = [f"{words[0][0]} in {words[0][1]} of {sum(counts.values())} layers"]
+        parts += [f"{mode} in {n}" for mode, n in words[1:-1]]
+        parts.append(f"{words[-1][0]} in the others" if len(words) == 2 else f"{words[-1][0]} in {words[-1][1]}")
+        text = ", ".join(parts)
+    return f"{text} ({why})" if why else text
 
 
 def _ms(value: float) -> str:
@@ -55,10 +81,11 @@ def codec_stats_markdown(cmp: Comparison) -> str:
     run, native = cmp.codec, cmp.native
     first = cmp.first_divergence
     divergence = "never diverged" if first is None else f"first divergence at token {first}"
+    attention = attention_text(run.attention, run.view_reason)
     return (
         f"**{cmp.tier}** holds **{human_bytes(run.held_bytes)}** now (**{run.held_bytes / native.held_bytes:.2f}×** "
         f"the native cache), peak {human_bytes(run.peak_held_bytes)} this turn (native "
-        f"{human_bytes(native.peak_held_bytes)}) · attention {run.attention} · archive "
+        f"{human_bytes(native.peak_held_bytes)}) · attention {attention} · archive "
         f"{human_bytes(run.archive_bytes)} = **{cmp.ratio_vs_bf16:.1%} of bf16** ({tokens_held(run.footprint)}) · "
         f"steady state {steady_state(cmp.steady_state_ratio)} of bf16 per archived token  \n"
         f"prefill {run.prefill_s * 1000:.0f} ms ({run.prefill_path}) · {_ms(run.decode_ms)}/token "
@@ -128,7 +155,8 @@ def quality_table(rows, absent: list[str] = ()) -> dict:
     """
     headers = ["tier", "× bf16 at this length", "× bf16 steady state", "held at run time", "attention",
                "KLD (nats/token)", "top-1 agreement %", "ΔNLL %"]
-    data = [[r.tier, round(r.ratio_vs_bf16, 4), round(r.steady_state_ratio, 4), human_bytes(r.held_bytes), r.attention,
+    data = [[r.tier, round(r.ratio_vs_bf16, 4), round(r.steady_state_ratio, 4), human_bytes(r.held_bytes),
+             attention_text(r.attention),
              _plus_minus(r.kld, r.kld_se, 5), _plus_minus(r.top1_pct, r.top1_se, 2),
              _plus_minus(r.delta_nll_pct, r.delta_nll_se, 3)] for r in rows]
     data += [[line.split(":", 1)[0], "", "", "", line.split(":", 1)[1].strip(), "", "", ""] for line in absent]

@@ -24,7 +24,7 @@ from codeckv.cache.schedule import check_layers, parse_layers, schedule, tiers_u
 from codeckv.codecs.bitpack import ALLOWED_BITS
 from codeckv.codecs.dct import MAX_BLOCK
 from codeckv.loaded import ModelInfo
-from codeckv.measure.peers import PEERS
+from codeckv.measure.peers import PEERS, Peer, run_for
 from codeckv.serve.limits import Limits
 from codeckv.tiers import TIERS, Tier, custom_tier, get_tier
 
@@ -80,15 +80,15 @@ def one_of(value, name: str, allowed) -> str:
     return value
 
 
-def tier_names(values, name: str = "tiers", allow_native: bool = True, peers: bool = False) -> list[str]:
-    """A non-empty list of distinct preset tier names (and peer names, codeckv/measure/peers.py, with `peers`)."""
+def chosen_tiers(values, name: str = "tiers", allow_native: bool = True, peers: bool = False) -> list[Tier | Peer]:
+    """The Tiers (and, with `peers`, Peers: codeckv/measure/peers.py) of a non-empty list of distinct names."""
     allowed = [t for t in TIERS if allow_native or not TIERS[t].is_native] + (list(PEERS) if peers else [])
     if not isinstance(values, list | tuple) or not values:
         raise ValueError(f"choose at least one of the {name} (allowed: {', '.join(allowed)})")
     names = [one_of(v, name, allowed) for v in values]
     if len(set(names)) != len(names):
         raise ValueError(f"{name}: a tier is listed twice ({', '.join(names)})")
-    return names
+    return [run_for(n) for n in names]
 
 
 def tier_from_knobs(name, custom, block_size, k, bits, value_bits, group, rotation, keep_first, keep_recent,

@@ -30,7 +30,7 @@ from codeckv.measure.chat import ChatSession
 from codeckv.measure.inspection import inspect_tier
 from codeckv.measure.memory import beside_native, memory_rows, modes_of
 from codeckv.measure.needle import NeedleGrid, needle_grid
-from codeckv.measure.peers import PEERS
+from codeckv.measure.peers import Peer
 from codeckv.measure.quality import QualityRun, measure_quality
 from codeckv.measure.quality import as_dicts as quality_dicts
 from codeckv.measure.side_by_side import prompt_ids
@@ -49,7 +49,7 @@ from codeckv.serve.formatting import (
     stopped_markdown,
     sweep_table,
 )
-from codeckv.serve.inputs import fits_model, one_of, read_text_file, saved_cache_file, tier_names, user_text, whole
+from codeckv.serve.inputs import chosen_tiers, fits_model, one_of, read_text_file, saved_cache_file, user_text, whole
 from codeckv.serve.limits import Deadline, Limits, StopFlag
 from codeckv.serve.sessions import IDLE
 from codeckv.serve.zerogpu import MAX_SECONDS, estimate_seconds
@@ -93,10 +93,11 @@ def sweep_request(loaded: LoadedModel, mode, source, pasted, upload, windows, le
                   stop: StopFlag | None = None) -> SweepOutcome:
     """Every chosen tier on long text (quality with its spread) or on one chat prompt (one reply)."""
     limits = limits or Limits.from_env()
-    mode, tiers = one_of(mode, "mode", (LONG_TEXT, ONE_PROMPT)), tier_names(tiers, peers=True)
+    mode, tiers = one_of(mode, "mode", (LONG_TEXT, ONE_PROMPT)), chosen_tiers(tiers, peers=True)
     report = until(limits.deadline(), progress, stop)
-    if mode == ONE_PROMPT and set(tiers) & set(PEERS):
-        raise ValueError(f"the peers ({', '.join(t for t in tiers if t in PEERS)}) are measured on long text only: "
+    peers = [t.name for t in tiers if isinstance(t, Peer)]
+    if mode == ONE_PROMPT and peers:
+        raise ValueError(f"the peers ({', '.join(peers)}) are measured on long text only: "
                          f"choose {LONG_TEXT!r} or leave them out")
     if mode == ONE_PROMPT:
         prompt = user_text(prompt)
@@ -156,7 +157,7 @@ def needle_request(loaded: LoadedModel, lengths, depths, tiers, progress: Progre
     """Pass-key retrieval of native and every chosen tier over the chosen lengths and depths."""
     limits = limits or Limits.from_env()
     lengths, depths = needle_cells(lengths, depths, limits)
-    tiers = tier_names(tiers, allow_native=False, peers=True) if tiers else []
+    tiers = chosen_tiers(tiers, allow_native=False, peers=True) if tiers else []
     return needle_grid(loaded, tiers, lengths, depths, until(limits.deadline(), progress, stop))
 
 
@@ -167,9 +168,9 @@ def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: P
     if not isinstance(contexts, list | tuple) or not contexts:
         raise ValueError("choose at least one context length")
     contexts = sorted({int(one_of(str(n), "prompt tokens", map(str, MEMORY_CONTEXTS))) for n in contexts})
-    tiers = tier_names(tiers, allow_native=False) if tiers else []
+    tiers = chosen_tiers(tiers, allow_native=False) if tiers else []
     new_tokens = whole(new_tokens, "new tokens", 1, min(64, limits.max_new_tokens))
-    turns = sum(len(modes_of(t)) for t in ["native", *tiers])
+    turns = sum(len(modes_of(t)) for t in [TIERS["native"], *tiers])
     if sum(contexts) * turns > limits.max_memory_tokens:
         raise ValueError(f"{turns} caches x {sum(contexts):,} prompt tokens = {sum(contexts) * turns:,} tokens, more "
                          f"than the {limits.max_memory_tokens:,} allowed per request here: choose fewer")

@@ -2,6 +2,7 @@
 
 import gc
 import math
+import sys
 
 import gradio as gr
 import pytest
@@ -13,6 +14,7 @@ from codeckv.cache.kernel_ops import attention_compiled
 from codeckv.cache.layers import CodecLayer
 from codeckv.measure.chat import ChatSession
 from codeckv.serve import service
+from codeckv.serve.formatting import ATTENTION_WORDS as WORDS
 from codeckv.serve.inputs import DOCUMENTS
 from codeckv.serve.sessions import IdleSessions
 from codeckv.tiers import TIERS
@@ -127,9 +129,9 @@ def test_a_per_layer_schedule_from_advanced_settings_runs_with_each_layer_on_its
     # a one-line chat is a short context: the codes layers decode on their own short view (cache/coded_layer.py),
     # except where the compiled CPU kernel reads both sides' codes (turbo-4's layers)
     if _turbo_compiled():  # int8's layers too: the compiled kernel reads every tier without a DCT
-        assert (f"{CODES} in 29 of 30 layers, {VIEW} in the others (layer 29 (pca-8x)") in codec_stats
+        assert (f"{WORDS[CODES]} in 29 of 30 layers, {WORDS[VIEW]} in the others (layer 29 (pca-8x)") in codec_stats
     else:
-        assert f"{SHORT_VIEW} in 29 of 30 layers, {VIEW} in the others (layer 29 (pca-8x)" in codec_stats
+        assert f"{WORDS[SHORT_VIEW]} in 29 of 30 layers, {WORDS[VIEW]} in the others (layer 29 (pca-8x)" in codec_stats
     layers = session.runs[1].cache.layers
     assert [layers[i].tier.name for i in (0, 1, 29)] == ["int8", "int8", "pca-8x"]
     assert layers[5].tier.key == TIERS["turbo-4"].key
@@ -139,12 +141,12 @@ def test_attention_reads_the_codes_by_default_and_the_stats_say_where():
     question = "What is the capital of France?"
     *_, codec_stats, _, _, _, session = _turn(question, tier="turbo-4")[-1]
     if _turbo_compiled():
-        assert f"attention {CODES} ·" in codec_stats, "the compiled kernel reads the codes even in a short chat"
+        assert f"attention {WORDS[CODES]} ·" in codec_stats, "the compiled kernel reads the codes even in a short chat"
     else:
-        assert f"attention {SHORT_VIEW}" in codec_stats, "a short chat: the view the cache chose, and the stats say so"
+        assert f"attention {WORDS[SHORT_VIEW]}" in codec_stats, "a short chat: the view the cache chose"
     assert "through the codec cache, on the codes" in codec_stats
     *_, codec_stats, _, _, _, _ = _turn(question, tier="jpeg-k8-int8")[-1]
-    assert f"attention {SHORT_VIEW}" in codec_stats, "a DCT tier (no compiled kernel): a short chat decodes on a view"
+    assert f"attention {WORDS[SHORT_VIEW]}" in codec_stats, "a DCT tier: a short chat on a view"
     assert isinstance(session.runs[1].cache.layers[0], CodedLayer)
     *_, codec_stats, _, _, _, session = _turn(question, tier="turbo-4", decoded_view=True)[-1]
     assert "attention on a decoded view (asked for)" in codec_stats
@@ -281,3 +283,25 @@ def test_the_inspect_sliders_follow_the_model_and_fall_back_when_it_cannot_load(
 
     assert service.model_shape(Unloadable(), "gemma3-270m") == (1, 1)
     assert (app.LAYERS, app.KV_HEADS) == (len(loaded.info.layer_types), loaded.info.num_kv_heads) == (30, 3)
+
+
+def test_a_chat_turn_resolves_its_tier_at_the_edge():
+    """From app.chat_turn's tier name to the caches, as_tier is entered at most twice: the edge resolves the name
+    once, and the cache, its layers and the calibration take the Tier (design: a tier resolved once)."""
+    from codeckv.tiers import as_tier
+
+    entered = []
+
+    def count(frame, event, arg):
+        if event == "call" and frame.f_code is as_tier.__code__:
+            entered.append(frame.f_back.f_code.co_name)
+
+    for tier in ("turbo-4", "pca-8x"):
+        entered.clear()
+        sys.setprofile(count)
+        try:
+            updates = _turn("Name a colour.", tier=tier, tokens=4)
+        finally:
+            sys.setprofile(None)
+        assert updates[-1][1][-1]["content"], f"{tier}: the turn answered"
+        assert len(entered) <= 2, f"{tier}: as_tier entered from {entered}"

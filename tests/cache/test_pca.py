@@ -314,7 +314,7 @@ def test_inspect_reconstructs_through_the_pca_layer_and_draws_the_channel_spectr
     kinds = ["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"]
     capture = KVCapture([0] * 48, ["t"] * 48, kinds, [layer.keys[0] for layer in cache.layers],
                         [layer.values[0] for layer in cache.layers])
-    view = inspect_capture(capture, "pca-8x", layer=2, calibration=calib)
+    view = inspect_capture(capture, TIERS["pca-8x"], layer=2, calibration=calib)
     assert view.head.archived == (0, 48) and 0 < view.layers[2].key_rel_error < 1
     assert view.layers[0].key_rel_error == 0, "sliding layers stay native"
     share = view.channels.key_share
@@ -322,4 +322,4 @@ def test_inspect_reconstructs_through_the_pca_layer_and_draws_the_channel_spectr
     assert abs(float(share[2, -1]) - 1) < 1e-4 and sorted(view.channels.bits) == [2, 5]
     assert len(channel_spectrum_figure(view.channels).data) == 6 + 6 + 2
     with pytest.raises(ValueError, match="needs the model's calibration"):
-        inspect_capture(capture, "pca-8x", layer=2)
+        inspect_capture(capture, TIERS["pca-8x"], layer=2)

@@ -3,12 +3,14 @@
 import pytest
 import torch
 
-from codeckv.cache import CodecCache, make_cache, steady_state_ratio, view_reason
+from codeckv.cache import CODES, VIEW, CodecCache, make_cache, steady_state_ratio, view_reason
 from codeckv.cache.attention import use_codec_attention
 from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.schedule import MAX_SCHEDULE_CHARS, layers_text, parse_layers, ranges, schedule
 from codeckv.measure.generate import next_logits
+from codeckv.measure.runs import attention_counts
+from codeckv.serve.formatting import attention_text
 from codeckv.tiers import TIERS
 
 FULL = [2, 5]  # the tiny Gemma 3's full-attention layers (tests/conftest.py)
@@ -108,9 +110,11 @@ def test_a_scheduled_layer_stores_what_the_same_tier_stores_alone(tiny_gemma3):
     assert torch.equal(mixed.layers[2].keys, uniform["turbo-4"].layers[2].keys), "layer 2 is coded as turbo-4 alone"
     on_codes = make_cache(tiny_gemma3.config, "turbo-4", None, per_layer={5: "int8"})
     assert all(type(on_codes.layers[i]) is CodedLayer for i in FULL), "each layer on its codes where its tier allows"
-    assert on_codes.attention == "on the stored codes"
+    assert on_codes.attention == {2: CODES, 5: CODES}
     mixed = make_cache(tiny_gemma3.config, "turbo-4", None, per_layer={5: "png"})
-    assert mixed.attention == "on the stored codes in 1 of 2 layers, on a decoded view in the others", "png: a view"
+    assert mixed.attention == {2: CODES, 5: VIEW}, "png: a view"
+    assert attention_text(attention_counts(mixed)) == \
+        "on the stored codes in 1 of 2 layers, on a decoded view in the others", "the app phrases the modes"
 
 
 @torch.inference_mode()

@@ -20,9 +20,10 @@ def text():
 def swept(loaded):
     """A two-tier sweep (lossless png, lossy jpeg-k2) with a few tokens past the chat prompt."""
     from codeckv.measure.sweep import sweep
+    from codeckv.tiers import TIERS
 
     calls = []
-    result = sweep(loaded, CHAT, ["png", "jpeg-k2"], max_new_tokens=10, stop_at_eos=False,
+    result = sweep(loaded, CHAT, [TIERS["png"], TIERS["jpeg-k2"]], max_new_tokens=10, stop_at_eos=False,
                    progress=lambda done, total, message: calls.append((done, total)))
     return result, calls
 

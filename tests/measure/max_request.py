@@ -13,6 +13,7 @@ from codeckv.corpus import corpus_text
 from codeckv.measure.chat import ChatSession
 from codeckv.models import load_model
 from codeckv.serve.limits import Limits, release_memory
+from codeckv.tiers import get_tier
 
 
 def main(tier: str, new_tokens: int) -> None:
@@ -23,7 +24,7 @@ def main(tier: str, new_tokens: int) -> None:
     question = "\n\nSummarize this."
     room = limits.max_prompt_tokens - new_tokens - 64  # the new tokens, and the chat template around the message
     ids = loaded.tokenizer(corpus_text()).input_ids[:room]
-    turn = ChatSession().ask(loaded, loaded.tokenizer.decode(ids) + question, tier, new_tokens,
+    turn = ChatSession().ask(loaded, loaded.tokenizer.decode(ids) + question, get_tier(tier), new_tokens,
                              max_prompt_tokens=limits.max_prompt_tokens)
     update = deque(turn, maxlen=1)[0]  # the last update holds the results
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -37,7 +37,7 @@ def test_the_costs_are_ordered_as_the_ladder():
 def test_a_sensitive_layer_gets_the_bits_a_robust_layer_gives_up():
     """int8 on one layer costs what turbo-3 saves on 4.25 others (0.5625 - 0.297 vs 0.297 - 0.234 of bf16)."""
     sens = _sensitivity({0: (0.2, 0.05, 0.001), **dict.fromkeys(range(1, 6), (0.004, 0.002, 0.0))})
-    plan = allocate(sens, "turbo-4")
+    plan = allocate(sens, TIERS["turbo-4"])
     assert plan.per_layer[0].name == "int8" and {plan.per_layer[i].name for i in range(1, 6)} == {"turbo-3"}
     assert plan.cost <= plan.budget_cost * (1 + 1e-9), "the plan stays within the budget"
     assert plan.predicted < plan.budget_predicted
@@ -53,7 +53,7 @@ def test_the_allocation_is_the_exhaustive_optimum(seed):
     rng = random.Random(seed)
     sens = _sensitivity({layer: tuple(sorted((rng.uniform(0, 0.1) for _ in range(3)), reverse=True))
                          for layer in range(6)})
-    plan = allocate(sens, "turbo-4")
+    plan = allocate(sens, TIERS["turbo-4"])
     assert plan.cost <= plan.budget_cost * (1 + 1e-9)
     best = _exhaustive(sens, plan.budget_cost)
     assert plan.predicted == pytest.approx(best, rel=1e-12), "the least summed KLD within the budget"
@@ -63,13 +63,13 @@ def test_the_allocation_is_the_exhaustive_optimum(seed):
 
 def test_uniform_sensitivities_keep_the_budget_tier():
     sens = _sensitivity(dict.fromkeys(range(4), (0.03, 0.01, 0.009)))
-    plan = allocate(sens, "turbo-4")
+    plan = allocate(sens, TIERS["turbo-4"])
     assert {t.name for t in plan.per_layer.values()} == {"turbo-4"} and plan.tier == TIERS["turbo-4"]
 
 
 @pytest.mark.parametrize("budget, match", [
-    ("pca-8x", "no fixed size per layer"),
-    ("native", "no fixed size per layer"),
+    (TIERS["pca-8x"], "no fixed size per layer"),
+    (TIERS["native"], "no fixed size per layer"),
     (custom_tier(bits=2), "below the cheapest rung 'turbo-3'"),
 ])
 def test_a_budget_that_cannot_be_met_is_refused(budget, match):
@@ -81,9 +81,9 @@ def test_a_ladder_must_be_tiers_of_a_fixed_size():
     from codeckv.measure.allocation import _ladder
 
     with pytest.raises(ValueError, match="tier 'pca-16x' has no fixed size"):
-        _ladder(["turbo-3", "pca-16x"], 64)
+        _ladder([TIERS["turbo-3"], TIERS["pca-16x"]], 64)
     with pytest.raises(ValueError, match="at least two distinct tiers"):
-        _ladder(["turbo-3", "turbo-3"], 64)
+        _ladder([TIERS["turbo-3"], TIERS["turbo-3"]], 64)
 
 
 def test_fisher_scores_rank_the_rungs_by_their_error_on_every_full_attention_layer(tiny_gemma3):
@@ -102,7 +102,7 @@ def test_lockstep_sensitivity_probes_every_layer_alone(loaded):
     """One probe cache per (layer, tier), each compressing that layer only, scored in one lockstep run."""
     from codeckv.measure.allocation import layer_sensitivity
 
-    sens = layer_sensitivity(loaded, ["int8", "jpeg-k2"], windows=1, length=24)
+    sens = layer_sensitivity(loaded, [TIERS["int8"], TIERS["jpeg-k2"]], windows=1, length=24)
     assert sens.layers == list(range(30)) and len(sens.score) == 60 and sens.method == "lockstep"
     coarse, fine = (sum(sens.score[layer, name] for layer in sens.layers) for name in ("jpeg-k2", "int8"))
     assert coarse > fine > 0, "keeping 2 of 8 DCT frequencies moves the output more than 8-bit codes"

@@ -15,11 +15,11 @@ from codeckv.measure.chat import ChatSession, common_prefix
 from codeckv.measure.side_by_side import Run, stream_turn
 from codeckv.models import _describe
 from codeckv.serve.limits import Limits
-from codeckv.tiers import get_tier
+from codeckv.tiers import TIERS, get_tier
 
 
 def _ask(session, loaded, message, tier="turbo-4", tokens=8):
-    *_, last = session.ask(loaded, message, tier, tokens)
+    *_, last = session.ask(loaded, message, TIERS[tier], tokens)
     return last.result
 
 
@@ -43,7 +43,7 @@ def test_a_new_tier_starts_over_and_a_stop_keeps_the_partial_turn(loaded):
     session = ChatSession()
     _ask(session, loaded, "Name a colour.", tier="png")
     first_runs = session.runs
-    updates = session.ask(loaded, "Name another one.", "turbo-4", 24)
+    updates = session.ask(loaded, "Name another one.", TIERS["turbo-4"], 24)
     for update in updates:
         if update.phase == "generating":
             break

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from codeckv.measure.inspection import dct_energy, inspect_capture, kept_fraction, var_delta_ratio
+from codeckv.tiers import TIERS
 
 
 def test_png_error_heatmap_is_all_zeros(capture):
-    view = inspect_capture(capture, "png", layer=2, head=1)
+    view = inspect_capture(capture, TIERS["png"], layer=2, head=1)
     zeros = torch.zeros_like(view.head.key)
     torch.testing.assert_close(view.head.key_error, zeros, rtol=0, atol=0, msg="png key |error| must be 0")
     torch.testing.assert_close(view.head.value_error, torch.zeros_like(view.head.value), rtol=0, atol=0,
@@ -19,7 +20,7 @@ def test_png_error_heatmap_is_all_zeros(capture):
 
 
 def test_lossy_tier_archives_complete_blocks_and_keeps_the_tail_raw(capture):
-    view = inspect_capture(capture, "jpeg-k2", layer=0, head=0)
+    view = inspect_capture(capture, TIERS["jpeg-k2"], layer=0, head=0)
     tokens = len(capture.token_ids)
     start, end = view.head.archived
     assert (start, end) == (0, tokens // 8 * 8)
@@ -67,7 +68,7 @@ def test_a_schedule_shows_each_layer_with_its_tier_and_bytes(capture):
     ratios = {e.tier: e.ratio_vs_bf16 for e in view.layers}
     # the short capture fills no 32-token turbo unit (its tokens stay raw, fp32: 2x bf16), but 8-token ones
     assert ratios["jpeg-k2"] < ratios["int8"] < ratios[tiers[5]] == 2.0, "each layer stores its own tier's bytes"
-    uniform = inspect_capture(capture, "int8", layer=0, head=0)
+    uniform = inspect_capture(capture, TIERS["int8"], layer=0, head=0)
     assert view.layers[0].key_rel_error == uniform.layers[0].key_rel_error, "layer 0 is coded as int8 alone"
     with pytest.raises(ValueError, match="layer 30 does not exist"):
         inspect_capture(capture, schedule("turbo-4", {30: "int8"}))

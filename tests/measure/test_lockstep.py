@@ -50,7 +50,7 @@ def test_a_stacked_batch_scores_each_cache_as_it_scores_alone(tiny_gemma3, windo
     use_codec_attention(tiny_gemma3)  # before the caches are made: on a routed model make_cache can read the codes
     caches = lambda *tiers: _caches(tiny_gemma3, *tiers, on_codes=on_codes)  # noqa: E731
     first = caches("native", *names)
-    assert {cache.attention for cache in first[1:]} == {CODES if on_codes else VIEW}
+    assert {mode for cache in first[1:] for mode in cache.attention.values()} == {CODES if on_codes else VIEW}
     reference, together = lockstep(tiny_gemma3, windows, first)
     _, reversed_order = lockstep(tiny_gemma3, windows, caches("native", *names[::-1]))
     for name, stacked, other_place in zip(names, together[1:], reversed_order[:0:-1]):

@@ -5,16 +5,17 @@ import pytest
 from codeckv.measure.memory import beside_native, memory_row, memory_row_isolated, memory_rows, modes_of
 from codeckv.serve.limits import Limits
 from codeckv.serve.service import memory_request
+from codeckv.tiers import TIERS
 
 
 def test_modes_follow_what_attention_can_read():
-    assert modes_of("native") == ["native"]
-    assert modes_of("turbo-4") == ["codes", "view"]
-    assert modes_of("png") == ["view"] and modes_of("pca-8x") == ["view"]
+    assert modes_of(TIERS["native"]) == [TIERS["native"]]
+    assert modes_of(TIERS["turbo-4"]) == ["codes", "view"]
+    assert modes_of(TIERS["png"]) == ["view"] and modes_of(TIERS["pca-8x"]) == ["view"]
 
 
 def test_on_the_codes_a_cache_holds_its_archive_and_at_rest_a_view_is_dropped(loaded):
-    rows = {(r["tier"], r["mode"]): r for r in beside_native(memory_rows(loaded, ["turbo-4"], [320], 4))}
+    rows = {(r["tier"], r["mode"]): r for r in beside_native(memory_rows(loaded, [TIERS["turbo-4"]], [320], 4))}
     native, codes, view = rows["native", "native"], rows["turbo-4", "codes"], rows["turbo-4", "view"]
     assert native["tokens"] == codes["tokens"] == view["tokens"] == 323, "the same tokens in every cache"
     assert native["held_bytes"] == native["archive_bytes"] == native["at_rest_bytes"]
@@ -22,11 +23,11 @@ def test_on_the_codes_a_cache_holds_its_archive_and_at_rest_a_view_is_dropped(lo
     assert view["held_vs_native"] > 1, "a decoded view beside the archive holds more than native"
     assert view["at_rest_bytes"] == view["archive_bytes"] < 0.2 * native["held_bytes"], "at rest: the archive only"
     with pytest.raises(ValueError, match="allowed: view"):
-        memory_row(loaded, "png", "codes", 64)
+        memory_row(loaded, TIERS["png"], "codes", 64)
 
 
 def test_an_isolated_row_measures_its_own_process_peak(loaded):
-    row = memory_row_isolated(None, "turbo-4", "codes", 128, 2)
+    row = memory_row_isolated(None, TIERS["turbo-4"], "codes", 128, 2)
     assert row.process_peak_bytes > 0 and "VmHWM" in row.process_peak_source
     assert row.tokens == 129 and row.held_bytes > 0
 

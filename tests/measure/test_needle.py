@@ -4,6 +4,7 @@ import pytest
 
 from codeckv.figures.plots import needle_figure
 from codeckv.measure.needle import needle_grid, needle_key, needle_prompt
+from codeckv.tiers import TIERS
 
 
 def test_prompt_length_and_key_position(loaded):
@@ -19,10 +20,10 @@ def test_prompt_length_and_key_position(loaded):
 
 
 def test_grid_native_retrieves_and_png_matches_it(loaded):
-    grid = needle_grid(loaded, ["png"], [300], [0.0, 1.0])
+    grid = needle_grid(loaded, [TIERS["png"]], [300], [0.0, 1.0])
     assert grid.tiers == ["native", "png"] and len(grid.rows) == 4
     assert grid.retrieved("native").tolist() == [[1.0], [1.0]]
     assert grid.retrieved("png").tolist() == grid.retrieved("native").tolist(), "lossless answers like native"
     assert len(needle_figure(grid).data) == 2
     with pytest.raises(ValueError, match="context of 8192"):
-        needle_grid(loaded, ["png"], [9000], [0.0])
+        needle_grid(loaded, [TIERS["png"]], [9000], [0.0])

@@ -25,7 +25,7 @@ from codeckv.measure.peers import (
 )
 from codeckv.measure.quality import measure_quality
 from codeckv.serve.formatting import quality_table
-from codeckv.serve.inputs import tier_names
+from codeckv.serve.inputs import chosen_tiers
 from codeckv.serve.service import ONE_PROMPT, sweep_request
 from codeckv.tiers import TIERS
 
@@ -71,16 +71,16 @@ def test_a_peer_name_is_accepted_where_a_tier_name_is_and_is_no_tier(capsys):
         run_for("nope")
     assert main(["needle", "--tiers", "hf-quanto-int5"]) == 2
     assert "peers: hf-quanto-int4, hf-quanto-int2, hf-hqq-int4" in capsys.readouterr().err
-    assert tier_names(["png", "hf-hqq-int4"], peers=True) == ["png", "hf-hqq-int4"]
+    assert chosen_tiers(["png", "hf-hqq-int4"], peers=True) == [TIERS["png"], PEERS["hf-hqq-int4"]]
     with pytest.raises(ValueError, match="allowed: native, png"):
-        tier_names(["hf-hqq-int4"])  # the Chat and Memory take tiers only
+        chosen_tiers(["hf-hqq-int4"])  # the Chat and Memory take tiers only
     with pytest.raises(ValueError, match="long text only"):
         sweep_request(None, ONE_PROMPT, None, None, None, 1, 64, "Hi", 4, ["png", "hf-quanto-int4"])
 
 
 @pytest.mark.skipif(len(INSTALLED) < 2, reason="needs optimum-quanto and hqq (scripts/setup.sh --peers)")
 def test_peers_ride_in_the_lockstep_batch_beside_the_tiers(loaded):
-    run = measure_quality(loaded, ["png", *INSTALLED], windows=2, length=40)
+    run = measure_quality(loaded, [run_for(n) for n in ["png", *INSTALLED]], windows=2, length=40)
     rows = {r.tier: r for r in run.rows}
     assert list(rows) == ["native", "png", *INSTALLED] and not run.absent
     layers = len(loaded.info.layer_types)
@@ -88,7 +88,7 @@ def test_peers_ride_in_the_lockstep_batch_beside_the_tiers(loaded):
         row = rows[name]
         # 20 tokens prefilled are quantized at once, the 20 decoded ones wait in the raw window (< 128)
         rule = layers * rule_bytes(PEERS[name], 1, loaded.info.num_kv_heads, loaded.info.head_dim, 20, 20, 4)
-        assert (row.attention, row.archive_bytes, row.held_bytes) == (ATTENTION, rule, rule)
+        assert (row.attention, row.archive_bytes, row.held_bytes) == ({ATTENTION: layers}, rule, rule)
         assert 0 < row.kld < 5 and 0 <= row.top1_pct <= 100 and row.steady_state_ratio < 0.32
     alone_cache = make_peer_cache(loaded, PEERS[INSTALLED[0]])
     _, (alone,) = lockstep(loaded.model, run.reference.windows, [alone_cache], reference=run.reference)
@@ -103,7 +103,7 @@ def test_peers_ride_in_the_lockstep_batch_beside_the_tiers(loaded):
 
 
 def test_absent_peers_are_a_line_each_never_an_error(loaded, hidden, tmp_path, capsys):
-    run = measure_quality(loaded, ["png", "hf-hqq-int4", "hf-quanto-int2"], windows=1, length=16)
+    run = measure_quality(loaded, [run_for(n) for n in ["png", "hf-hqq-int4", "hf-quanto-int2"]], windows=1, length=16)
     assert [r.tier for r in run.rows] == ["native", "png"]
     assert run.absent == ["hf-hqq-int4: absent, hqq is not installed (pip install 'codeckv[peers]')",
                           "hf-quanto-int2: absent, optimum-quanto is not installed (pip install 'codeckv[peers]')"]
@@ -114,13 +114,14 @@ def test_absent_peers_are_a_line_each_never_an_error(loaded, hidden, tmp_path, c
     args = ["quality", "--windows", "1", "--length", "16", "--tiers", "png", "hf-quanto-int4"]
     assert main([*args, "--out", str(tmp_path / "q.csv"), "--charts", str(tmp_path)]) == 0
     assert "hf-quanto-int4: absent, optimum-quanto is not installed" in capsys.readouterr().out
-    grid = needle_grid(loaded, ["hf-quanto-int4"], [300], [0.0])
+    grid = needle_grid(loaded, [run_for(n) for n in ["hf-quanto-int4"]], [300], [0.0])
     assert grid.tiers == ["native"] and grid.absent[0].startswith("hf-quanto-int4: absent")
 
 
 @pytest.mark.skipif("hf-hqq-int4" not in INSTALLED, reason="needs hqq (scripts/setup.sh --peers)")
 def test_an_odd_hqq_batch_is_a_line_not_an_error(loaded):
-    run = measure_quality(loaded, ["png", "hf-hqq-int4"], windows=1, length=21)  # 1 x 3 x 11 tokens: odd
+    # 1 x 3 x 11 tokens: odd
+    run = measure_quality(loaded, [run_for(n) for n in ["png", "hf-hqq-int4"]], windows=1, length=21)
     assert [r.tier for r in run.rows] == ["native", "png"]
     assert run.absent == ["hf-hqq-int4: absent, HQQ's 4-bit packing fails on an odd number of groups (1 rows x 3 KV "
                           "heads x 11 tokens); choose an even number of windows or of tokens"]
@@ -137,7 +138,8 @@ def test_a_hybrid_model_has_no_peer_rows(loaded):
 
 @pytest.mark.skipif(len(INSTALLED) < 2, reason="needs optimum-quanto and hqq (scripts/setup.sh --peers)")
 def test_needle_keeps_the_cell_a_peer_fails_on(loaded):
-    grid = needle_grid(loaded, ["hf-quanto-int4", "hf-hqq-int4"], [300], [0.0])  # 285 tokens: 1 x 3 x 285 is odd
+    # 285 tokens: 1 x 3 x 285 is odd
+    grid = needle_grid(loaded, [run_for(n) for n in ["hf-quanto-int4", "hf-hqq-int4"]], [300], [0.0])
     rows = {r.tier: r for r in grid.rows}
     assert rows["native"].retrieved and rows["hf-quanto-int4"].retrieved and not rows["hf-quanto-int4"].error
     assert not rows["hf-hqq-int4"].retrieved and "must match the size" in rows["hf-hqq-int4"].error

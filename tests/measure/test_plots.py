@@ -13,6 +13,7 @@ from codeckv.figures import plots
 from codeckv.measure.inspection import inspect_capture
 from codeckv.measure.needle import NeedleGrid, NeedleRow
 from codeckv.measure.peers import PEERS
+from codeckv.tiers import TIERS
 from tests.figure_layout import figure_layout_problems
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -22,7 +23,7 @@ FULL, HALF = 1330, 650  # the width of a full-row and a half-row gr.Plot at the 
 
 @pytest.fixture(scope="module")
 def view(capture):
-    return inspect_capture(capture, "jpeg-k2", layer=1, head=2)
+    return inspect_capture(capture, TIERS["jpeg-k2"], layer=1, head=2)
 
 
 def _figures(swept, view):
@@ -57,7 +58,7 @@ def test_heatmap_shares_one_colour_scale_for_original_and_reconstruction(view):
 
 
 def test_png_heatmap_and_lossless_psnr_build(capture):
-    view = inspect_capture(capture, "png", layer=0, head=0)
+    view = inspect_capture(capture, TIERS["png"], layer=0, head=0)
     json.loads(plots.layer_error_figure(view.layers).to_json())  # infinite PSNR is left out, not serialized
     json.loads(plots.kv_heatmap_figure(view.head, "value").to_json())
 

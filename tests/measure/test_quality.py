@@ -8,6 +8,7 @@ import pytest
 from codeckv.cli import main
 from codeckv.corpus import corpus_text, corpus_windows, docstrings_text, text_windows
 from codeckv.measure.quality import measure_quality
+from codeckv.tiers import TIERS
 
 
 def test_corpus_is_the_python_reference_topics(loaded):
@@ -28,7 +29,7 @@ def test_held_out_docstrings_are_other_text(loaded):
 
 
 def test_png_is_exact_and_lossy_tiers_report_bytes_and_spread(loaded):
-    run = measure_quality(loaded, ["png", "jpeg-k8-int8"], windows=2, length=96)
+    run = measure_quality(loaded, [TIERS["png"], TIERS["jpeg-k8-int8"]], windows=2, length=96)
     rows = {r.tier: r for r in run.rows}
     assert list(rows) == ["native", "png", "jpeg-k8-int8"]
     png, jpeg = rows["png"], rows["jpeg-k8-int8"]
@@ -44,7 +45,7 @@ def test_png_is_exact_and_lossy_tiers_report_bytes_and_spread(loaded):
 
 def test_tiers_split_over_several_batches_score_as_in_one(loaded, monkeypatch):
     """When memory allows fewer caches per batch (lockstep.stack_size), later batches reuse the native reference."""
-    tiers = ["png", "turbo-4", "jpeg-k2"]
+    tiers = [TIERS["png"], TIERS["turbo-4"], TIERS["jpeg-k2"]]
     together = {r.tier: r for r in measure_quality(loaded, tiers, windows=2, length=64).rows}
     monkeypatch.setattr("codeckv.measure.quality.stack_size", lambda *args: 2)  # [native, png], [turbo-4, jpeg-k2]
     seen = []

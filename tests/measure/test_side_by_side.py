@@ -7,11 +7,11 @@ import torch
 from codeckv.cache import CODES, SHORT_VIEW
 from codeckv.cache.kernel_ops import attention_compiled
 from codeckv.measure.side_by_side import run_side_by_side, stream_side_by_side
-from codeckv.tiers import get_tier
+from codeckv.tiers import TIERS, get_tier
 
 
 def test_streaming_yields_progressively_longer_texts_on_both_sides(loaded, chat):
-    updates = list(stream_side_by_side(loaded, chat, "turbo-4", max_new_tokens=6, stop_at_eos=False))
+    updates = list(stream_side_by_side(loaded, chat, TIERS["turbo-4"], max_new_tokens=6, stop_at_eos=False))
     assert updates[0].phase == "prefill"
     generating = [u for u in updates if u.phase == "generating"]
     assert [len(u.native.token_ids) for u in generating] == list(range(2, 7)), "one native token per update"
@@ -35,9 +35,9 @@ def test_streaming_yields_progressively_longer_texts_on_both_sides(loaded, chat)
     assert result.codec.peak_held_bytes >= result.codec.held_bytes > 0
     turbo = get_tier("turbo-4")
     if attention_compiled(turbo.key, turbo.value, loaded.model.config.head_dim):
-        assert result.codec.attention == CODES, "the compiled kernel reads the codes at every length (stats say so)"
+        assert list(result.codec.attention) == [CODES], "the compiled kernel reads codes at any length"
     else:
-        assert result.codec.attention == SHORT_VIEW, "a short chat decodes on the view the cache chose (stats say so)"
+        assert list(result.codec.attention) == [SHORT_VIEW], "a short chat decodes on a view"
     assert result.codec.prefill_path.startswith("in chunks of 512 tokens through the codec cache")
     element = torch.finfo(loaded.model.dtype).bits // 8
     assert result.native.archive_bytes * 2 == result.native.bf16_bytes * element, "native holds its dtype's bytes"
@@ -47,7 +47,7 @@ def test_streaming_yields_progressively_longer_texts_on_both_sides(loaded, chat)
 
 
 def test_run_side_by_side_returns_the_comparison(loaded):
-    cmp = run_side_by_side(loaded, "The three primary colours are", "png", max_new_tokens=6, stop_at_eos=False)
+    cmp = run_side_by_side(loaded, "The three primary colours are", TIERS["png"], max_new_tokens=6, stop_at_eos=False)
     assert cmp.tier == "png" and cmp.token_match == 1.0 and len(cmp.codec.token_ids) == 6
     assert cmp.kld == 0.0 and cmp.top1_pct == 100.0 and cmp.delta_nll_pct == 0.0, "png is lossless"
 
