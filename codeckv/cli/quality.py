@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> None:
     result = measure_quality(loaded, tiers, args.windows, args.length, args.source, text, progress)
     bar.close()
     rows = as_dicts(result.rows)
-    columns = ["tier", "ratio_vs_bf16", "steady_state_ratio", "held_bytes", "kld", "kld_se", "top1_pct", "top1_se",
-               "delta_nll_pct", "delta_nll_se", "nll", "entropy_coded_bytes"]
+    columns = ["tier", "ratio_vs_bf16", "held_bytes", "kld", "kld_se", "kld_p99", "kld_max", "top1_pct", "top1_se",
+               "delta_nll_pct", "delta_nll_se", "dp_rms"]
     print(format_table(rows, columns))
     for reason in result.absent:
         print(reason)

@@ -28,6 +28,7 @@ from codeckv.measure.lockstep import Reference, Scores, compare, lockstep, stack
 from codeckv.measure.peers import ATTENTION as PEER_ATTENTION
 from codeckv.measure.peers import Peer, absent_reason, make_peer_cache, packing_reason, peer_footprint
 from codeckv.measure.runs import attention_counts
+from codeckv.measure.yardstick import Yardstick, yardstick
 from codeckv.tiers import TIERS, Tier
 
 Progress = Callable[[int, int, str], None]  # (forwards done, forwards in all, message); may raise to stop
@@ -60,6 +61,7 @@ class QualityRow:
     windows: int
     tokens_per_window: int
     scored_positions: int  # per window
+    yardstick: Yardstick  # llama.cpp's tails: KLD and Δp percentiles, RMS Δp (measure/yardstick.py)
 
 
 @dataclass
@@ -150,6 +152,7 @@ def _row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, source:
         windows=windows,
         tokens_per_window=length,
         scored_positions=reference.positions,
+        yardstick=yardstick(reference, scores),
     )
 
 
@@ -174,4 +177,5 @@ def entropy_coded_bytes(cache) -> int | None:
 
 
 def as_dicts(rows: list[QualityRow]) -> list[dict]:
-    return [asdict(r) for r in rows]
+    """Rows as flat dicts (CSV columns): the yardstick's tails as kld_p99, dp_rms, ... columns."""
+    return [{**{k: v for k, v in asdict(r).items() if k != "yardstick"}, **r.yardstick.columns()} for r in rows]

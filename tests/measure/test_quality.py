@@ -66,6 +66,7 @@ def test_quality_cli_writes_csv(tmp_path, capsys):
     rows = list(csv.DictReader(out.open()))
     assert [r["tier"] for r in rows] == ["native", "png"] and {r["source"] for r in rows} == {"docstrings"}
     assert float(rows[1]["kld"]) == 0.0 and "top1_pct" in capsys.readouterr().out
+    assert float(rows[1]["kld_max"]) == 0.0 and float(rows[1]["dp_rms"]) == 0.0, "png: every tail of the yardstick 0"
     assert {p.name for p in charts.glob("*.html")} == {"pareto_kld.html", "pareto_nll.html", "token_kld.html"}
 
 
