@@ -1,4 +1,4 @@
-"""Command line: codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size|pca-size|allocate
+"""Command line: codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size|resume|pca-size|allocate
 (python -m codeckv)
 
 Tables on stdout, progress bars on stderr; CSV, JSON and HTML files under out/ unless --out / --charts
@@ -28,11 +28,12 @@ from codeckv.cli import (
     pca_size,
     prefill,
     quality,
+    resume,
     saved_size,
     sweep,
 )
 
-COMMANDS = (quality, sweep, inspect_kv, needle, memory, prefill, latency, allocate, saved_size, pca_size)
+COMMANDS = (quality, sweep, inspect_kv, needle, memory, prefill, latency, allocate, saved_size, resume, pca_size)
 
 
 def build_parser() -> argparse.ArgumentParser:
