@@ -25,6 +25,8 @@ so K + V bytes per token = layers x kv_heads x head_dim / 32 x (K block + V bloc
 n_ctx to a multiple of 256; read from its log line, printed in MiB with two decimals, so +-5 KiB), and
 `state_bytes()`, llama.cpp's serialization of the sequence's cells (their K and V rows exactly, plus 12
 bytes per cell for its position and sequence and a few headers).
+A hybrid model (gemma3-270m) keeps its sliding-window layers in the same types but holds at most about a
+window of tokens there: the rule, which counts every layer for every token, is then an upper bound.
 
 Rotation. For a quantized type and head_dim a multiple of 64, this llama.cpp (0.3.36's vendor copy)
 multiplies K and V by a Hadamard matrix before quantizing them and undoes it in attention (`attn_rot_k`,
@@ -60,6 +62,9 @@ INSTALL_HINT = f"scripts/setup.sh --llamacpp in a checkout, or pip install {PIN}
 BLOCK_VALUES = 32  # values per block of every quantized type below (QK8_0, QK4_0, QK4_1, QK5_0, QK4_NL)
 BLOCK_BYTES = {"f16": 64, "q8_0": 34, "q5_0": 22, "q4_1": 20, "q4_0": 18, "iq4_nl": 18}  # bytes per 32 values
 DEFAULT_THREADS = 1  # one thread: every run computes the same sums in the same order (bitwise repeatable)
+# where a peer's attention reads its tokens (quality rows' `attention`): ggml's CPU flash attention takes K's
+# dot products on its blocks (the query converted to K's dot type) and dequantizes V one row at a time
+ATTENTION = "llama.cpp flash attention on the blocks"
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,8 @@ class Engine:
 
     def feed(self, ids: Sequence[int]) -> np.ndarray:
         """Feed token ids after those held (in batches of n_batch); the next-token logits (vocab,) float32."""
+        if not len(ids):
+            raise ValueError(f"{self.peer.name}: feed at least one token id")
         if self.tokens + len(ids) > self.llama.n_ctx():
             raise ValueError(f"{self.peer.name}: {self.tokens} + {len(ids)} tokens exceed n_ctx={self.llama.n_ctx()}")
         self.llama.eval([int(i) for i in ids])

@@ -115,6 +115,16 @@ def test_quantized_caches_drift_in_order(scored):
     assert math.isfinite(q4.nll) and q4.nll > 0
 
 
+def test_the_yardstick_reads_llama_cpp_scores(scored):
+    from codeckv.measure.yardstick import yardstick
+
+    run, _ = scored
+    stats = yardstick(run.reference, run.scores["llamacpp-q4_0"])
+    assert stats.kld["max"] >= stats.kld["p99"] >= stats.kld["median"] >= 0
+    assert stats.kld["max"] == pytest.approx(float(run.scores["llamacpp-q4_0"].kld.max()))
+    assert yardstick(run.reference, run.scores["llamacpp-f16"]).dp_rms == 0
+
+
 def test_the_reference_agrees_with_the_transformers_model(loaded, scored, windows):
     """The same GGUF weights and token ids: llama.cpp's f16 NLL within 3% of the transformers model's (one forward)."""
     run, _ = scored
@@ -156,6 +166,8 @@ def test_one_thread_is_bitwise_repeatable(windows):
         assert (engine.feed(ids[:40]) == first).all()
         with pytest.raises(ValueError, match="exceed n_ctx=256"):
             engine.feed(ids * 4)
+        with pytest.raises(ValueError, match="at least one token"):
+            engine.feed([])
 
 
 def test_llama_cpp_tokenizes_the_windows_text_alike(loaded, windows):
@@ -168,7 +180,7 @@ def test_llama_cpp_tokenizes_the_windows_text_alike(loaded, windows):
 
 def test_greedy_answers_a_chat_prompt_and_stops_at_the_end_of_turn(loaded):
     pytest.importorskip("llama_cpp")
-    from codeckv.generate import chat_input_ids
+    from codeckv.measure.generate import chat_input_ids
 
     prompt = chat_input_ids(loaded.tokenizer, [{"role": "user", "content": "What is 2 + 2?"}], "cpu")[0].tolist()
     with open_engine("llamacpp-q8_0", n_ctx=len(prompt) + 24) as engine:
