@@ -39,23 +39,49 @@ def _greedy(model, ids, cache, n):
     return out[:, ids.shape[1] :]
 
 
+# Two attention paths on the same stored tokens agree up to float rounding, which 30 layers and 16 tokens amplify:
+# at most 0.019 in the embedded model's logits, over six emulated CPUs (scripts/float_noise.py, "paths";
+# assets/float-noise.csv). A test of two paths compares their predictions of the same tokens within 5x that, and
+# their top-1 wherever it leads by more than twice the tolerance: greedy tokens alone could flip at a near-tie.
+PATH_LOGITS_ATOL = 0.1
+
+
+def _predictions(model, ids, cache, continuation):
+    """Logits (n, vocab) of every position of `continuation` (n,), fed after the prompt `ids` (1, T)."""
+    with torch.inference_mode():
+        first = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+        rest = [model(input_ids=token.view(1, 1), cache=cache).logits[0, -1:] for token in continuation[:-1]]
+    return torch.cat([first, *rest]).float()
+
+
+def _assert_same_predictions(want, got, atol=PATH_LOGITS_ATOL, label=""):
+    """Logits within atol everywhere, and the same top-1 wherever want's leads by more than 2 atol."""
+    assert (want - got).abs().max() <= atol, f"{label}: logits differ by {(want - got).abs().max():.3g} > {atol}"
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * atol
+    assert clear.sum() >= want.shape[0] // 2, f"{label}: too few clear positions to compare top-1"
+    assert torch.equal(want.argmax(-1)[clear], got.argmax(-1)[clear]), f"{label}: top-1 differs at a clear position"
+
+
 @pytest.mark.parametrize("tier", ["png", "jpeg-k8-int8"])
-def test_greedy_tokens_equal_the_materialized_cache(loaded, long_prompt, codec_attention_model, tier):
-    materialized = _greedy(loaded.model, long_prompt, CodecCache.from_config(loaded.model.config, tier), 16)
+def test_attention_on_the_codes_predicts_what_the_materialized_cache_does(loaded, long_prompt, codec_attention_model,
+                                                                        tier):
+    tokens = _greedy(loaded.model, long_prompt, CodecCache.from_config(loaded.model.config, tier), 16)[0]
+    materialized = _predictions(loaded.model, long_prompt, CodecCache.from_config(loaded.model.config, tier), tokens)
     cache = make_cache(loaded.model.config, tier, materialization_free=True)
-    got = _greedy(codec_attention_model, long_prompt, cache, 16)
-    assert torch.equal(got, materialized), f"{tier}: materialization-free greedy tokens differ"
+    _assert_same_predictions(materialized, _predictions(codec_attention_model, long_prompt, cache, tokens), label=tier)
     assert all(isinstance(layer, CodedLayer) for layer in cache.layers)
     assert cache.layers[0].archive_k.tokens > 200, "the archive must really be read"
 
 
-def test_the_default_path_decodes_a_short_context_on_a_view_with_the_tokens_of_the_codes(
+def test_the_default_path_decodes_a_short_context_on_a_view_with_the_predictions_of_the_codes(
     loaded, long_prompt, codec_attention_model
 ):
     codes = make_cache(loaded.model.config, "jpeg-k8-int8", materialization_free=True)
     default = make_cache(loaded.model.config, "jpeg-k8-int8")
-    want = _greedy(codec_attention_model, long_prompt, codes, 16)
-    assert torch.equal(_greedy(codec_attention_model, long_prompt, default, 16), want)
+    tokens = _greedy(codec_attention_model, long_prompt, make_cache(loaded.model.config, "jpeg-k8-int8", True), 16)[0]
+    want = _predictions(codec_attention_model, long_prompt, codes, tokens)
+    _assert_same_predictions(want, _predictions(codec_attention_model, long_prompt, default, tokens), label="default")
     assert set(default.attention.values()) == {SHORT_VIEW} and set(codes.attention.values()) == {CODES}, \
         "the cache reports which path each layer ran on"
     view_bytes = sum(layer._view_k.nbytes + layer._view_v.nbytes for layer in default.layers)
@@ -144,12 +170,15 @@ def test_resident_bytes_stay_within_five_percent_of_the_archive_at_4k(tier):
 
 
 def test_hybrid_gemma3_sliding_layers_stay_native_under_codec_attention(tiny_gemma3):
+    """The tiny model's paths differ by at most 3e-6 in logits on six emulated CPUs (scripts/float_noise.py's
+    environments, measured with this test's prompt): compared within 1e-4."""
     model, config = tiny_gemma3, tiny_gemma3.config
-    ids = torch.randint(0, 128, (1, 40))
-    materialized = _greedy(model, ids, CodecCache.from_config(config, "jpeg-k8-int8"), 24)
+    ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(5))
+    tokens = _greedy(model, ids, CodecCache.from_config(config, "jpeg-k8-int8"), 24)[0]
+    materialized = _predictions(model, ids, CodecCache.from_config(config, "jpeg-k8-int8"), tokens)
     use_codec_attention(model)
     cache = make_cache(config, "jpeg-k8-int8", materialization_free=True)
-    assert torch.equal(_greedy(model, ids, cache, 24), materialized)
+    _assert_same_predictions(materialized, _predictions(model, ids, cache, tokens), atol=1e-4, label="gemma3")
     assert [i for i, layer in enumerate(cache.layers) if isinstance(layer, CodedLayer)] == [2, 5]
 
 

@@ -11,6 +11,8 @@ from codeckv.cache.stacked import StackedCache
 
 @torch.inference_mode()
 def test_each_member_holds_and_predicts_what_it_would_alone(tiny_gemma3):
+    """Within the rounding of another batch size: at most 3.7e-6 in keys and 6.5e-7 in logits on six emulated CPUs
+    (scripts/float_noise.py, "stack members"; assets/float-noise.csv), bounded by 4e-5 and 1e-5."""
     use_codec_attention(tiny_gemma3)
     ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(3))
     names = ("native", "turbo-4")
@@ -28,7 +30,7 @@ def test_each_member_holds_and_predicts_what_it_would_alone(tiny_gemma3):
     assert stacked.get_seq_length() == 40 and logits.shape[:2] == (4, 8)
     for index, (member, single) in enumerate(zip(members, alone)):
         for got, want in zip(member.layers, single.layers):
-            assert torch.allclose(got.keys, want.keys, atol=1e-5), (names[index], type(got).__name__)
+            assert torch.allclose(got.keys, want.keys, atol=4e-5), (names[index], type(got).__name__)
         assert torch.allclose(logits[2 * index : 2 * index + 2], want_logits[index], atol=1e-5), names[index]
     assert (logits[:2] - logits[2:]).abs().max() > 1e-4, "turbo-4's rows see its own (lossy) cache"
 

@@ -45,7 +45,9 @@ def two_threads():
 @pytest.mark.parametrize("on_codes", [False, True], ids=["view", "codes"])
 def test_a_stacked_batch_scores_each_cache_as_it_scores_alone(tiny_gemma3, windows, two_threads, on_codes):
     """Attention runs per cache (on a decoded view or on the codes), so a cache's place in the batch changes
-    nothing, and scoring it alone changes only the matrix products' rounding at another batch size (~1e-6)."""
+    nothing (bitwise, on six emulated CPUs), and scoring it alone changes only the matrix products' rounding at
+    another batch size: at most 1.3e-5 of an NLL and 5.3e-7 of a KLD there (scripts/float_noise.py, "stack" and
+    "order"; assets/float-noise.csv), bounded here by 1e-4 and 5e-6."""
     names = ["turbo-4", "jpeg-k2", "int8"]
     use_codec_attention(tiny_gemma3)  # before the caches are made: on a routed model make_cache can read the codes
     caches = lambda *tiers: _caches(tiny_gemma3, *tiers, on_codes=on_codes)  # noqa: E731
@@ -57,8 +59,8 @@ def test_a_stacked_batch_scores_each_cache_as_it_scores_alone(tiny_gemma3, windo
         for field in ("nll", "kld", "top1"):
             assert torch.equal(getattr(stacked, field), getattr(other_place, field)), (name, field)
         _, (alone,) = lockstep(tiny_gemma3, windows, caches(name), reference=reference)
-        assert torch.allclose(stacked.nll, alone.nll, atol=1e-5, rtol=0), name
-        assert torch.allclose(stacked.kld, alone.kld, atol=1e-6, rtol=0), name
+        assert torch.allclose(stacked.nll, alone.nll, atol=1e-4, rtol=0), name
+        assert torch.allclose(stacked.kld, alone.kld, atol=5e-6, rtol=0), name
 
 
 def test_stack_size_bounds_the_kv_of_a_batch():

@@ -43,8 +43,16 @@ def test_png_is_exact_and_lossy_tiers_report_bytes_and_spread(loaded):
     assert run.scores["jpeg-k8-int8"].kld.shape == (2, 48) and len(run.scored_tokens) == 48
 
 
+# A tier scored in a smaller lockstep batch meets the model's matrix products at another batch size, which may round
+# differently and flip a few of a lossy codec's rounding decisions. Measured over six emulated CPUs
+# (scripts/float_noise.py, "split"; assets/float-noise.csv): at most 8e-6 of a KLD and 0.0023 points of ΔNLL; a Xeon
+# with AVX-512 read 0.00025 points (turbo-4, the issue that found it). Bounds: 1e-4 relative, 0.025 points.
+SPLIT_KLD_REL, SPLIT_DELTA_NLL_POINTS = 1e-4, 0.025
+
+
 def test_tiers_split_over_several_batches_score_as_in_one(loaded, monkeypatch):
-    """When memory allows fewer caches per batch (lockstep.stack_size), later batches reuse the native reference."""
+    """When memory allows fewer caches per batch (lockstep.stack_size), later batches reuse the native reference:
+    the same rows within the float noise of another batch size (a wrong reference would move them by far more)."""
     tiers = [TIERS["png"], TIERS["turbo-4"], TIERS["jpeg-k2"]]
     together = {r.tier: r for r in measure_quality(loaded, tiers, windows=2, length=64).rows}
     monkeypatch.setattr("codeckv.measure.quality.stack_size", lambda *args: 2)  # [native, png], [turbo-4, jpeg-k2]
@@ -53,8 +61,9 @@ def test_tiers_split_over_several_batches_score_as_in_one(loaded, monkeypatch):
     assert set(seen) == {2 * 32}, "two batches of 32 scored positions"
     for row in split.rows:
         assert row.archive_bytes == together[row.tier].archive_bytes
-        assert row.kld == pytest.approx(together[row.tier].kld, abs=1e-6), row.tier
-        assert row.delta_nll_pct == pytest.approx(together[row.tier].delta_nll_pct, abs=1e-4), row.tier
+        assert row.kld == pytest.approx(together[row.tier].kld, rel=SPLIT_KLD_REL, abs=1e-9), row.tier
+        want = together[row.tier].delta_nll_pct
+        assert row.delta_nll_pct == pytest.approx(want, abs=SPLIT_DELTA_NLL_POINTS), row.tier
     assert {r.tier: r.kld for r in split.rows}["png"] == 0.0
 
 
