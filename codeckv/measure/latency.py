@@ -7,10 +7,13 @@ same moments. materialization_free=True keeps no decoded view: attention reads t
 codes_latency_table (`--contexts 1024,4096,8192`): the default path of make_cache (attention on the stored
 codes; a decoded view for the decode steps of a short context, SHORT_VIEW) at several context lengths,
 every tier's cache decoding in turns with one native cache per context; each row says which path ran.
+llamacpp_latency_table: the same rows for llama.cpp's KV types, each against llama.cpp's own f16 cache: compare
+each engine's quantized / native ratio, not their milliseconds (another engine, its own weights' kernels).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -22,6 +25,10 @@ from codeckv.cache import CodecCache, footprint
 from codeckv.corpus import corpus_windows
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import next_logits
+from codeckv.measure.llamacpp import ATTENTION as LLAMACPP_ATTENTION
+from codeckv.measure.llamacpp import LlamaCppPeer
+from codeckv.measure.llamacpp_runs import WARMUP_STEPS as LLAMACPP_WARMUP
+from codeckv.measure.llamacpp_runs import decode_latency
 from codeckv.measure.runs import attention_counts
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Prompt, prompt_ids, run_side_by_side
 from codeckv.tiers import Tier
@@ -69,7 +76,7 @@ def latency_table(
 def codes_latency_table(
     loaded: LoadedModel,
     contexts: list[int],
-    tiers: list[str | Tier],
+    tiers: list[Tier],
     max_new_tokens: int = 32,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict]:
@@ -107,6 +114,7 @@ def codes_latency_table(
             codec_ms = statistics.median(run.seconds) * 1e3
             rows.append({
                 "tier": run.label,
+                "engine": "transformers",
                 "context": context,
                 "attention": attention_counts(run.cache),
                 "device": loaded.info.device,
@@ -124,6 +132,37 @@ def codes_latency_table(
             })
             if progress:
                 progress(f"{run.label} at {context}")
+    return rows
+
+
+def llamacpp_latency_table(
+    loaded: LoadedModel,
+    contexts: list[int],
+    peers: list[LlamaCppPeer],
+    max_new_tokens: int = 32,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """codes_latency_table's rows for llama.cpp's KV types (measure/llamacpp_runs.decode_latency): each against
+    llama.cpp's own f16 cache (the `native_*` columns), decoding in turns in the same moments, one thread each."""
+    ids = corpus_windows(loaded.tokenizer, 1, max(contexts))[0]
+    steps = max_new_tokens - LLAMACPP_WARMUP
+    rows = []
+    for row in decode_latency(ids, peers, contexts, steps, loaded.info.name, progress=progress):
+        rows.append({
+            "tier": row.peer,
+            "engine": "llama.cpp",
+            "context": row.context,
+            "attention": {LLAMACPP_ATTENTION: len(loaded.info.layer_types)},
+            "device": "cpu",
+            "dtype": "gguf weights",
+            "threads": row.threads,
+            "new_tokens": max_new_tokens,
+            "native_decode_ms": row.f16_decode_ms,  # llama.cpp's f16 cache, in the same moments
+            "codes_decode_ms": row.decode_ms,
+            "latency_ratio": row.ratio_vs_f16,
+            "native_prefill_s": math.nan,
+            "token_match": row.token_match,
+        })
     return rows
 
 

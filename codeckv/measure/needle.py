@@ -12,7 +12,9 @@ measure/side_by_side.py) and answers greedily. Retrieved = the key appears in th
 (codeckv/measure/peers.py) is filled from the same native cache in one update per layer, as a one-forward
 prefill through it would be; a peer that cannot run here gets a line in `absent` instead of its rows,
 and a cell where the peer itself fails (HQQ's 4-bit packing cannot hold an odd number of groups: batch x
-KV heads x tokens odd) is a row with its `error`, not retrieved.
+KV heads x tokens odd) is a row with its `error`, not retrieved. llama.cpp's KV types (measure/llamacpp.py) answer
+in llama.cpp from the same prompt ids, beside llama.cpp's own f16 cache (its row `llamacpp-f16`), one engine per
+type for the whole grid.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ from transformers import DynamicCache
 from codeckv.cache import footprint
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import chat_input_ids, next_logits, stop_token_ids
+from codeckv.measure.llamacpp import (
+    LLAMACPP_REFERENCE,
+    KVGeometry,
+    LlamaCppPeer,
+    open_engine,
+    rule_bytes_per_token,
+)
 from codeckv.measure.peers import Peer, absent_reason, filled_peer_cache, peer_footprint
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Run, filled_from
 from codeckv.tiers import TIERS, Tier
@@ -106,21 +115,25 @@ def _answer(loaded: LoadedModel, cache, first: torch.Tensor, stop_ids) -> str:
 
 def needle_grid(
     loaded: LoadedModel,
-    tiers: list[Tier | Peer | str],
+    tiers: list[Tier | Peer | LlamaCppPeer],
     lengths: list[int],
     depths: list[float],
     progress: Progress | None = None,
 ) -> NeedleGrid:
     """Native and every tier or peer on every (length, depth): retrieved or not."""
     tiers = [TIERS["native"]] + [t for t in tiers if not t.is_native]
-    reasons = {t.name: absent_reason(t, loaded.info) for t in tiers if isinstance(t, Peer)}
+    reasons = {t.name: absent_reason(t, loaded.info) for t in tiers if isinstance(t, Peer | LlamaCppPeer)}
     tiers = [t for t in tiers if not reasons.get(t.name)]
+    llama = [t for t in tiers if isinstance(t, LlamaCppPeer)]
+    llama = list(dict.fromkeys([LLAMACPP_REFERENCE, *llama])) if llama else []
+    tiers = [t for t in tiers if not isinstance(t, LlamaCppPeer)]
     longest = max(lengths) + ANSWER_TOKENS
     if longest > loaded.info.max_context:
         raise ValueError(f"length {max(lengths)} + {ANSWER_TOKENS} answer tokens exceeds {loaded.info.name}'s "
                          f"context of {loaded.info.max_context} tokens")
     stop_ids = stop_token_ids(loaded.tokenizer, loaded.model)
     rows, cells, done = [], len(lengths) * len(depths), 0
+    total = cells * (1 + len(llama))
     for length in lengths:
         for depth in depths:
             key = needle_key(length, depth)
@@ -146,11 +159,33 @@ def needle_grid(
                 rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, key in answer, answer, ratio))
             done += 1
             if progress:
-                progress(done, cells, f"{length} tokens, depth {depth:g}")
+                progress(done, total, f"{length} tokens, depth {depth:g}")
+    for peer in llama:
+        rows += _llamacpp_rows(loaded, peer, lengths, depths, longest)
+        done += cells
+        if progress:
+            progress(done, total, f"llama.cpp {peer.name}")
+    tiers += llama
     order = {t.name: i for i, t in enumerate(tiers)}
     rows.sort(key=lambda r: (order[r.tier], r.length, r.depth))
     return NeedleGrid(rows, [t.name for t in tiers], list(lengths), list(depths),
                       [reason for reason in reasons.values() if reason])
+
+
+def _llamacpp_rows(loaded: LoadedModel, peer: LlamaCppPeer, lengths: list[int], depths: list[float],
+                   longest: int) -> list[NeedleRow]:
+    """Every cell answered greedily by llama.cpp with `peer`'s KV types, from the same prompt ids."""
+    rows = []
+    geometry = KVGeometry(len(loaded.info.layer_types), loaded.info.num_kv_heads, loaded.info.head_dim)
+    ratio = rule_bytes_per_token(peer, geometry) / rule_bytes_per_token(LLAMACPP_REFERENCE, geometry)
+    with open_engine(peer, loaded.info.name, n_ctx=longest) as engine:
+        for length in lengths:
+            for depth in depths:
+                key = needle_key(length, depth)
+                ids = needle_prompt(loaded, length, depth, key)
+                answer = engine.greedy(ids[0].tolist(), ANSWER_TOKENS).text
+                rows.append(NeedleRow(peer.name, length, ids.shape[1], depth, key, key in answer, answer, ratio))
+    return rows
 
 
 def as_dicts(rows: list[NeedleRow]) -> list[dict]:

@@ -33,6 +33,7 @@ from transformers.cache_utils import QuantizedCache, QuantizedLayer
 
 from codeckv.cache.footprint import Footprint, LayerFootprint
 from codeckv.loaded import ModelInfo
+from codeckv.measure.llamacpp import LLAMACPP_PEERS, LlamaCppPeer, llamacpp_absent_reason
 from codeckv.tiers import TIERS, Tier, get_tier
 
 ATTENTION = "dequantized copy"  # where a peer's attention reads its tokens (quality rows' `attention`)
@@ -66,6 +67,7 @@ def _peer(backend: str, nbits: int, axis: int) -> Peer:
 
 
 PEERS: dict[str, Peer] = {p.name: p for p in (_peer("quanto", 4, 0), _peer("quanto", 2, 0), _peer("hqq", 4, 1))}
+PEER_NAMES = [*PEERS, *LLAMACPP_PEERS]  # every peer a measurement takes by name: transformers' and llama.cpp's
 
 
 def get_peer(name: str) -> Peer:
@@ -75,20 +77,25 @@ def get_peer(name: str) -> Peer:
     return PEERS[name]
 
 
-def run_for(name: str | Tier | Peer) -> Tier | Peer:
-    """A preset tier or a peer by name (a ValueError lists both), or the Tier / Peer itself."""
-    if isinstance(name, Tier | Peer):
+def run_for(name: str | Tier | Peer | LlamaCppPeer) -> Tier | Peer | LlamaCppPeer:
+    """A preset tier, a peer or a llama.cpp KV type by name (a ValueError lists them all), or the object itself."""
+    if isinstance(name, Tier | Peer | LlamaCppPeer):
         return name
     if name in PEERS:
         return PEERS[name]
+    if name in LLAMACPP_PEERS:
+        return LLAMACPP_PEERS[name]
     if name in TIERS:
         return get_tier(name)
     raise ValueError(f"unknown tier {name!r} (allowed tiers: {', '.join(TIERS)}; "
-                     f"peers: {', '.join(PEERS)})")
+                     f"peers: {', '.join(PEERS)}; llama.cpp: {', '.join(LLAMACPP_PEERS)})")
 
 
-def absent_reason(peer: Peer, info: ModelInfo | None = None) -> str | None:
-    """Why `peer` cannot run here, in one line (None: it can): its package is missing, or the model is hybrid."""
+def absent_reason(peer: Peer | LlamaCppPeer, info: ModelInfo | None = None) -> str | None:
+    """Why `peer` cannot run here, in one line (None: it can): its package is missing, or the model is hybrid
+    (transformers' peers), or the model has no GGUF file here (llama.cpp's)."""
+    if isinstance(peer, LlamaCppPeer):
+        return llamacpp_absent_reason(peer, info.name) if info is not None else llamacpp_absent_reason(peer)
     module, dist = PACKAGES[peer.backend]
     try:
         found = importlib.util.find_spec(module) is not None

@@ -24,6 +24,9 @@ from codeckv.cache import footprint, held_bytes, make_cache
 from codeckv.cache.layers import CodecLayer
 from codeckv.corpus import source_text, text_windows
 from codeckv.loaded import LoadedModel
+from codeckv.measure.llamacpp import ATTENTION as LLAMACPP_ATTENTION
+from codeckv.measure.llamacpp import LLAMACPP_REFERENCE, LlamaCppPeer, get_llamacpp_peer
+from codeckv.measure.llamacpp_runs import LlamaCppQuality, score_llamacpp
 from codeckv.measure.lockstep import Reference, Scores, compare, lockstep, stack_size
 from codeckv.measure.peers import ATTENTION as PEER_ATTENTION
 from codeckv.measure.peers import Peer, absent_reason, make_peer_cache, packing_reason, peer_footprint
@@ -37,6 +40,7 @@ Progress = Callable[[int, int, str], None]  # (forwards done, forwards in all, m
 # several times slower; the attention it computes is the same up to float rounding (tests/cache/test_attention.py).
 # The committed quality CSVs were measured so too. `held_bytes` of a row then says what the view costs.
 SCORING_ON_CODES = False
+LLAMACPP_REFERENCE_LABEL = "llama.cpp f16"  # the reference of the llama.cpp rows (QualityRow.reference)
 
 
 @dataclass
@@ -62,6 +66,7 @@ class QualityRow:
     tokens_per_window: int
     scored_positions: int  # per window
     yardstick: Yardstick  # llama.cpp's tails: KLD and Δp percentiles, RMS Δp (measure/yardstick.py)
+    reference: str = "native"  # what KLD, top-1 and ΔNLL are against: native, or llama.cpp's own f16 cache
 
 
 @dataclass
@@ -77,7 +82,7 @@ class QualityRun:
 
 def measure_quality(
     loaded: LoadedModel,
-    tiers: list[Tier | Peer],
+    tiers: list[Tier | Peer | LlamaCppPeer],
     windows: int = 4,
     length: int = 512,
     source: str = "corpus",
@@ -87,21 +92,27 @@ def measure_quality(
     """Native and each tier or peer in lockstep, on `windows` windows of `length` tokens of `text` or the named source.
 
     A peer that cannot run here (its package missing, a hybrid model) gets no row but a line in `absent`.
+    llama.cpp's KV types (measure/llamacpp.py) run in llama.cpp on the same token ids and protocol after the others,
+    against llama.cpp's own f16 cache, whose row comes with theirs (`reference` says so).
     """
     if not tiers:
         raise ValueError("choose at least one tier")
     prefix = (length + 1) // 2  # tokens a peer quantizes at once (then that plus multiples of its window)
-    reasons = {t.name: absent_reason(t, loaded.info) or packing_reason(t, windows, loaded.info.num_kv_heads, prefix,
-                                                                       loaded.info.head_dim)
-               for t in tiers if isinstance(t, Peer)}
+    heads, dim = loaded.info.num_kv_heads, loaded.info.head_dim
+    reasons = {t.name: absent_reason(t, loaded.info) or (packing_reason(t, windows, heads, prefix, dim)
+                                                         if isinstance(t, Peer) else None)
+               for t in tiers if isinstance(t, Peer | LlamaCppPeer)}
     tiers = [t for t in tiers if not reasons.get(t.name)]
+    llama = [t for t in tiers if isinstance(t, LlamaCppPeer)]
+    tiers = [t for t in tiers if not isinstance(t, LlamaCppPeer)]
     label = "text" if text is not None else source
     data = text_windows(loaded.tokenizer, text if text is not None else source_text(source), windows,
                         length + 1, "the text" if text is not None else f"the {source}")
     runs = [TIERS["native"], *(t for t in tiers if not t.is_native)]  # native first: the reference
     size = stack_size(loaded.info, windows, length + 1)
     groups = [runs[i : i + size] for i in range(0, len(runs), size)]
-    total = len(groups) * (length - prefix)  # one forward per scored position, per stacked group
+    llama_runs = len({LLAMACPP_REFERENCE.name, *(t.name for t in llama)}) if llama else 0
+    total = (len(groups) + llama_runs * windows) * (length - prefix)  # a forward per scored position and batch
     done = 0
 
     def step(message: str) -> Callable[[], None]:
@@ -122,6 +133,12 @@ def measure_quality(
         for tier, cache, tier_scores in zip(group, built, got):
             scores[tier.name], caches[tier.name] = tier_scores, cache
     rows = [_row(tier, reference, scores[tier.name], caches[tier.name], label, windows, length) for tier in runs]
+    if llama:
+        base = done
+        report = (lambda n, _, name: progress(base + n, total, f"llama.cpp {name}")) if progress else None
+        run = score_llamacpp(data, llama, prefix, loaded.info.name, progress=report)
+        layers = len(loaded.info.layer_types)
+        rows += [_llamacpp_row(get_llamacpp_peer(name), run, layers, label, windows, length) for name in run.scores]
     tokens = [loaded.tokenizer.decode([t]) for t in reference.targets[0].tolist()]
     return QualityRun(rows, reference, scores, tokens, [reason for reason in reasons.values() if reason])
 
@@ -153,6 +170,24 @@ def _row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, source:
         tokens_per_window=length,
         scored_positions=reference.positions,
         yardstick=yardstick(reference, scores),
+    )
+
+
+def _llamacpp_row(peer: LlamaCppPeer, run: LlamaCppQuality, layers: int, source: str, windows: int,
+                  length: int) -> QualityRow:
+    """A llama.cpp configuration against llama.cpp's f16 cache on the same windows: bytes by ggml's blocks, held
+    as the KV buffer llama.cpp allocated for its context (llamacpp_runs.LlamaCppBytes)."""
+    scores, held = run.scores[peer.name], run.bytes[peer.name]
+    stats = compare(run.reference, scores)
+    return QualityRow(
+        tier=peer.name, description=peer.description, archive_bytes=held.rule_bytes, bf16_bytes=held.f16_rule_bytes,
+        held_bytes=held.kv_buffer_bytes, attention={LLAMACPP_ATTENTION: layers},
+        ratio_vs_bf16=held.ratio_vs_f16, steady_state_ratio=held.ratio_vs_f16,
+        kld=stats.kld.mean, kld_se=stats.kld.se, top1_pct=stats.top1_pct.mean, top1_se=stats.top1_pct.se,
+        nll=stats.nll, delta_nll_pct=stats.delta_nll_pct.mean, delta_nll_se=stats.delta_nll_pct.se,
+        entropy_coded_bytes=None, source=source, windows=windows, tokens_per_window=length,
+        scored_positions=run.reference.positions, yardstick=yardstick(run.reference, scores),
+        reference=LLAMACPP_REFERENCE_LABEL,
     )
 
 

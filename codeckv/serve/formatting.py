@@ -154,12 +154,12 @@ def quality_table(rows, absent: list[str] = ()) -> dict:
     A peer that could not run (`absent`, one line each) gets a row of its own saying why.
     """
     headers = ["tier", "× bf16 at this length", "× bf16 steady state", "held at run time", "attention",
-               "KLD (nats/token)", "top-1 agreement %", "ΔNLL %"]
-    data = [[r.tier, round(r.ratio_vs_bf16, 4), round(r.steady_state_ratio, 4), human_bytes(r.held_bytes),
-             attention_text(r.attention),
-             _plus_minus(r.kld, r.kld_se, 5), _plus_minus(r.top1_pct, r.top1_se, 2),
+               "KLD (nats/token)", "KLD 99th percentile", "top-1 agreement %", "ΔNLL %"]
+    data = [[r.tier if r.reference == "native" else f"{r.tier} (vs {r.reference})", round(r.ratio_vs_bf16, 4),
+             round(r.steady_state_ratio, 4), human_bytes(r.held_bytes), attention_text(r.attention),
+             _plus_minus(r.kld, r.kld_se, 5), round(r.yardstick.kld["p99"], 5), _plus_minus(r.top1_pct, r.top1_se, 2),
              _plus_minus(r.delta_nll_pct, r.delta_nll_se, 3)] for r in rows]
-    data += [[line.split(":", 1)[0], "", "", "", line.split(":", 1)[1].strip(), "", "", ""] for line in absent]
+    data += [[line.split(":", 1)[0], "", "", "", line.split(":", 1)[1].strip(), "", "", "", ""] for line in absent]
     return {"headers": headers, "data": data}
 
 

@@ -24,7 +24,7 @@ from codeckv.cache.schedule import check_layers, parse_layers, schedule, tiers_u
 from codeckv.codecs.bitpack import ALLOWED_BITS
 from codeckv.codecs.dct import MAX_BLOCK
 from codeckv.loaded import ModelInfo
-from codeckv.measure.peers import PEERS, Peer, run_for
+from codeckv.measure.peers import PEER_NAMES, Peer, run_for
 from codeckv.serve.limits import Limits
 from codeckv.tiers import TIERS, Tier, custom_tier, get_tier
 
@@ -81,8 +81,9 @@ def one_of(value, name: str, allowed) -> str:
 
 
 def chosen_tiers(values, name: str = "tiers", allow_native: bool = True, peers: bool = False) -> list[Tier | Peer]:
-    """The Tiers (and, with `peers`, Peers: codeckv/measure/peers.py) of a non-empty list of distinct names."""
-    allowed = [t for t in TIERS if allow_native or not TIERS[t].is_native] + (list(PEERS) if peers else [])
+    """The Tiers (and, with `peers`, the peers: transformers' and llama.cpp's, codeckv/measure/peers.py) of a
+    non-empty list of distinct names."""
+    allowed = [t for t in TIERS if allow_native or not TIERS[t].is_native] + (PEER_NAMES if peers else [])
     if not isinstance(values, list | tuple) or not values:
         raise ValueError(f"choose at least one of the {name} (allowed: {', '.join(allowed)})")
     names = [one_of(v, name, allowed) for v in values]
