@@ -329,7 +329,8 @@ def _set_heads(parser: argparse.ArgumentParser, text: str) -> None:
     KV_HEADS, Q_HEADS, HEAD_DIM = kv_heads, q_heads, head_dim
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of python -m kernels.bench."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="contexts 1k, 4k, 16k (the default)")
     parser.add_argument("--lengths", type=str, default=None, help="comma-separated contexts, e.g. 1024,65536")
@@ -339,6 +340,11 @@ def main() -> None:
     parser.add_argument("--heads", type=str, default=None,
                         help="KV heads,query heads,head_dim (default 8,16,128; smollm2-135m: 3,9,64)")
     parser.add_argument("--tiers", nargs="+", default=None, help=f"tier names (default {' '.join(TIER_NAMES)})")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     if args.heads:
         _set_heads(parser, args.heads)

@@ -333,7 +333,8 @@ def _print(table: list[dict]) -> None:
         print("  ".join(str(row[c]) for c in shown))
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of python -m kernels.compile_check."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     every = row_layout_tiers()
     parser.add_argument("--tiers", nargs="+", default=every, choices=every, help="default: every tier with a layout")
@@ -347,7 +348,11 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="Triton cache to use and keep (default: a fresh one, removed afterwards)")
     parser.add_argument("--out", type=Path, default=OUT, help=f"CSV path (default {OUT})")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     with tempfile.TemporaryDirectory(prefix="triton-cache-") as fresh:
         os.environ["TRITON_CACHE_DIR"] = str(args.cache_dir or fresh)  # the workers inherit it
         _, failures = run(args.tiers, args.head_dims, args.query_rows, args.dtypes, args.archs, args.kernels,
