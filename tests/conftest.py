@@ -10,6 +10,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel import; a GP
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
+
+# setuptools (torch.utils.cpp_extension imports it: optimum-quanto's peers) installs its distutils shim when first
+# imported; imported here, before any test patches importlib to hide a package, it always finds its own copy (a
+# first import under such a patch fell back to the stdlib distutils in CI and failed every quanto test after it).
+import setuptools  # noqa: E402, F401
 import torch  # noqa: E402
 
 torch.manual_seed(0)

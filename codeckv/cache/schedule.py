@@ -29,7 +29,7 @@ _ENTRY = re.compile(r"^\s*(\d{1,4})\s*(?:-\s*(\d{1,4})\s*)?:\s*([A-Za-z0-9._-]+)
 
 def schedule(base: Tier | str, per_layer: dict[int, Tier | str]) -> Tier:
     """`base` on every layer but those `per_layer` maps (layer index -> tier or preset name); {} gives base itself."""
-    base = as_tier(base)
+    base = base if isinstance(base, Tier) else as_tier(base)
     if base.per_layer:
         raise ValueError(f"tier '{base.name}' already has a per-layer schedule (allowed: a plain tier as the base)")
     if not isinstance(per_layer, dict):
@@ -37,7 +37,7 @@ def schedule(base: Tier | str, per_layer: dict[int, Tier | str]) -> Tier:
                          f"{', '.join(TIERS)})")
     entries = []
     for index, tier in sorted(per_layer.items(), key=lambda item: _index(item[0])):
-        tier = as_tier(tier)
+        tier = tier if isinstance(tier, Tier) else as_tier(tier)
         if tier != base:
             entries.append((index, tier))
     if not entries:

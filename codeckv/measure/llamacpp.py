@@ -57,7 +57,8 @@ import numpy as np
 from codeckv.models import DEFAULT_MODEL, EMBEDDED
 
 PACKAGE = "llama_cpp"  # import name of llama-cpp-python
-INSTALL_HINT = "scripts/setup.sh --llamacpp in a checkout, or pip install 'codeckv[llamacpp]' (it compiles llama.cpp)"
+INSTALL_HINT = ("scripts/setup.sh --llamacpp in a checkout, or pip install 'codeckv[llamacpp]', which is "
+                "llama-cpp-python==0.3.36 (it compiles llama.cpp: about 11 minutes on 2 cores)")
 BLOCK_VALUES = 32  # values per block of every quantized type below (QK8_0, QK4_0, QK4_1, QK5_0, QK4_NL)
 BLOCK_BYTES = {"f16": 64, "q8_0": 34, "q5_0": 22, "q4_1": 20, "q4_0": 18, "iq4_nl": 18}  # bytes per 32 values
 DEFAULT_THREADS = 1  # one thread: every run computes the same sums in the same order (bitwise repeatable)
