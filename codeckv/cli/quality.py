@@ -18,8 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--length", type=positive, default=512, help="tokens per window (default 512)")
     parser.add_argument("--tiers", nargs="*", type=run_name,
                         help="tier or peer names, llama.cpp's KV types too (default: every tier, every peer installed)")
-    parser.add_argument("--source", default="corpus", choices=["corpus", "docstrings"],
-                        help="corpus: the Python reference topics (default); docstrings: the held-out text")
+    parser.add_argument("--source", default="corpus", choices=["corpus", "docstrings", "bible"],
+                        help="corpus: the Python reference topics (default); docstrings: the held-out text; "
+                             "bible: the King James Bible, prose of another domain")
     parser.add_argument("--text-file", help="measure on this UTF-8 text file instead")
     parser.add_argument("--pca-bits", type=bits_list, default=[], metavar="B,B,...",
                         help="also PCA tiers at these bits per element (rows pca-<B>b: the PCA frontier)")

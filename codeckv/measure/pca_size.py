@@ -27,7 +27,7 @@ import torch
 from codeckv.cache import make_cache
 from codeckv.cache.pca_layer import PCALayer
 from codeckv.codecs.rate import LADDER, REPAY_TOKENS, RUNGS_PER_OCTAVE, SKIP
-from codeckv.corpus import corpus_text, docstrings_text, text_windows
+from codeckv.corpus import bible_text, corpus_text, docstrings_text, text_windows
 from codeckv.loaded import LoadedModel
 from codeckv.tiers import Tier
 
@@ -63,6 +63,7 @@ def _numbers() -> str:
 SIZE_TEXTS: dict[str, Callable[[], str]] = {
     "corpus": corpus_text,
     "docstrings": docstrings_text,
+    "bible": lambda: bible_text()[:200_000],  # Genesis and Exodus: prose far from Python's documentation
     "code": _code,
     "numbers": _numbers,
     "multilingual": lambda: "\n\n".join([MULTILINGUAL] * 4),
