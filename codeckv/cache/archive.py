@@ -2,7 +2,8 @@
 
 Every tensor a codec stores is (B, H, N, ...) with N proportional to the tokens it
 encodes (codecs/base.py), so appending a chunk is one slice write per tensor into a
-preallocated buffer that doubles when full — never a concatenation of the history.
+preallocated buffer that grows by a fraction of its rows when full (no minimum: a short
+archive holds little slack) — never a concatenation of the history.
 Bytes written stay untouched until `truncate` (crop) or a batch reorder.
 """
 
@@ -13,10 +14,17 @@ import torch
 from codeckv.codecs.base import Encoded
 
 
+def grown_capacity(capacity: int, needed: int) -> int:
+    """The rows a growing buffer takes to hold `needed`: a quarter more than it had (amortized O(1) per appended
+    row), or exactly `needed` when that is more (cache/layers.py grows its decoded view so too)."""
+    return max(needed, capacity + capacity // 4)
+
+
 class Archive:
     """Archived tokens of one codec stream (keys or values) of one layer.
 
-    tight=False: buffers double when full (amortized O(1) appends, up to 2x slack).
+    tight=False: buffers grow by a quarter when full (grown_capacity: amortized O(1) appends, at most 25%
+    slack), beside a decoded view.
     tight=True: buffers grow by 1/32 of the rows they need (at most ~3% slack), for the
     materialization-free cache whose resident bytes should stay close to its archive.
     """
@@ -48,7 +56,7 @@ class Archive:
                 if self.tight:
                     capacity = need + need // 32
                 else:
-                    capacity = max(need, 2 * (buffer.shape[2] if buffer is not None else 0), 16)
+                    capacity = grown_capacity(buffer.shape[2] if buffer is not None else 0, need)
                 grown = tensor.new_empty(tensor.shape[:2] + (capacity,) + tensor.shape[3:])
                 if buffer is not None:
                     grown[:, :, :used] = buffer[:, :, :used]

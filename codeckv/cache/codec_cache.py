@@ -4,11 +4,14 @@
     model.generate(input_ids, cache=cache, max_new_tokens=64)
     cache.footprint()                                            # archive / resident / bf16-reference bytes
     cache = make_cache(loaded, "pca-8x")                         # a LoadedModel: PCA tiers get their calibration
+    cache = make_cache(config, "turbo-4", raw_until=0)           # archive from the first unit (measurements)
 
 One codec layer per full-attention layer (cache/layers.py, coded_layer.py, pca_layer.py); other layers
 (sliding window, linear attention) keep their native transformers layer. `materialization_free` picks where
 attention reads the archive (None: the stored codes wherever a kernel reads them, else a decoded view);
-`attention` reports it per layer. docs/architecture.md has the table of modes.
+`attention` reports it per layer. docs/architecture.md has the table of modes. Each layer holds its first
+tokens raw, as a native layer, until archiving pays off (`raw_until`: the tier's own N by default, 0 = from the
+first unit; the rule is in cache/layers.py, "Raw until N"); `raw_until` reports it per layer.
 """
 
 from __future__ import annotations
@@ -58,10 +61,26 @@ class CodecCache(Cache):
         return {index: (CODES if not layer.on_view else SHORT_VIEW) if isinstance(layer, CodedLayer) else VIEW
                 for index, layer in enumerate(self.layers) if isinstance(layer, CodecLayer)}
 
+    @property
+    def raw_until(self) -> dict[int, int | None]:
+        """Per codec layer that has seen a token (its model layer index), the tokens it holds raw before it archives
+        (cache/layers.py, "Raw until N"): 0 = from the first complete unit, None = never (png)."""
+        return {index: layer.raw_until for index, layer in enumerate(self.layers)
+                if isinstance(layer, CodecLayer) and layer.is_initialized}
+
+    def set_raw_until(self, tokens: int | None) -> None:
+        """Hold tokens raw until `tokens` on every codec layer of this fresh cache (0: archive from the first unit,
+        as the quality measurements do; None: each tier's own N)."""
+        layers = [layer for layer in self.layers if isinstance(layer, CodecLayer)]
+        if any(layer.is_initialized for layer in layers):
+            raise ValueError("set_raw_until(): the cache has held tokens (allowed: a fresh or reset cache)")
+        for layer in layers:
+            layer.ask_raw_until(tokens)
+
     @classmethod
     def from_config(
         cls, config, tier: Tier | str, materialization_free: bool | None = None,
-        calibration: Calibration | None = None, **overrides,
+        calibration: Calibration | None = None, raw_until: int | None = None, **overrides,
     ) -> CodecCache:
         """Build the cache for a model config; `overrides` replace tier fields (e.g. keep_recent=32).
 
@@ -71,12 +90,14 @@ class CodecCache(Cache):
         with None, decode steps up to SHORT_VIEW_TOKENS read a decoded view (SHORT_VIEW, codeckv/cache/coded_layer.py).
         calibration: the model's Calibration for a PCA tier (codeckv.cache.calibration.calibration_for), required there
         (a list of them for a per-layer schedule mixing PCA tiers: codeckv/cache/schedule.py).
+        raw_until: tokens each codec layer holds raw before it archives; None = the tier's own N (cache/layers.py),
+        0 = archive from the first complete unit.
         """
         tier = _tier(tier, overrides)
         if materialization_free is None and not _attends_on_codes(config):
             materialization_free = False  # SDPA cannot read the codes: a model not routed through cache/attention.py
         layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-        new_layer = _codec_layer(tier, materialization_free, calibration, layer_types)
+        new_layer = _codec_layer(tier, materialization_free, calibration, layer_types, raw_until)
         layers = [
             new_layer(index) if kind == "full_attention" and not tier.tier_at(index).is_native
             else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs)
@@ -87,21 +108,21 @@ class CodecCache(Cache):
     @classmethod
     def from_cache(
         cls, cache: Cache, tier: Tier | str, materialization_free: bool | None = None,
-        calibration: Calibration | None = None, **overrides,
+        calibration: Calibration | None = None, raw_until: int | None = None, **overrides,
     ) -> CodecCache:
         """Convert a native cache (e.g. a DynamicCache right after a prefill) into a codec cache, in one go.
 
         Every full-attention layer (a plain DynamicLayer) becomes a codec layer holding the same tokens,
         archived in batched encodes per codec (flush_layers): the same archive bytes and the same
-        decoded tokens as prefilling through the codec cache and flushing. Other layers (sliding window,
-        ...) are deep-copied, so `cache` is left as it was and stays usable.
-        The fast path for a long prompt: prefill natively (SDPA on the raw tokens), convert once.
+        decoded tokens as prefilling through the codec cache and flushing (below raw_until, as from_config's,
+        the tokens stay raw). Other layers (sliding window, ...) are deep-copied, so `cache` is left as it was
+        and stays usable. The fast path for a long prompt: prefill natively (SDPA on the raw tokens), convert once.
         """
         tier = _tier(tier, overrides)
         if tier.is_native:
             raise ValueError(f"tier '{tier.name}' is native: keep the cache itself (allowed: a tier that encodes)")
         full = ["full_attention" if type(layer) is DynamicLayer else type(layer).__name__ for layer in cache.layers]
-        new_layer = _codec_layer(tier, materialization_free, calibration, full)
+        new_layer = _codec_layer(tier, materialization_free, calibration, full, raw_until)
         layers = []
         for index, layer in enumerate(cache.layers):
             if type(layer) is not DynamicLayer or tier.tier_at(index).is_native:
@@ -163,8 +184,8 @@ class CodecCache(Cache):
 
 
 def _tier(tier: Tier | str, overrides: dict) -> Tier:
-    """as_tier(tier) with `overrides` replacing its fields."""
-    tier = as_tier(tier)
+    """`tier` (a name resolved here) with `overrides` replacing its fields."""
+    tier = tier if isinstance(tier, Tier) else as_tier(tier)
     return dataclasses.replace(tier, **overrides) if overrides else tier
 
 
@@ -195,7 +216,8 @@ def view_reason(tier: Tier) -> str | None:
     return None
 
 
-def _codec_layer(tier: Tier, materialization_free: bool | None, calibration, layer_types: list[str]):
+def _codec_layer(tier: Tier, materialization_free: bool | None, calibration, layer_types: list[str],
+                 raw_until: int | None):
     """A function: layer index -> a new codec layer of that layer's tier, after checking that every one can be built.
 
     tier: a plain tier, or a per-layer schedule (checked against the model's layers: codeckv/cache/schedule.py).
@@ -208,7 +230,7 @@ def _codec_layer(tier: Tier, materialization_free: bool | None, calibration, lay
         calibrations = _by_spec(calibration)
     served = layer_tiers(tier, layer_types)
     builders = {t: _plain_codec_layer(t, materialization_free, calibrations.get(t.joint), layer_types,
-                                      [i for i, at in enumerate(served) if at == t])
+                                      [i for i, at in enumerate(served) if at == t], raw_until)
                 for t in plain}
     return lambda index: builders[tier.tier_at(index)](index)
 
@@ -226,7 +248,7 @@ def _by_spec(calibration) -> dict:
 
 
 def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibration: Calibration | None,
-                       layer_types: list[str], layers: list[int]):
+                       layer_types: list[str], layers: list[int], raw_until: int | None):
     """A function: layer index -> a new codec layer of the plain `tier`, after checking that it can be built.
 
     layers: the model layers that get `tier` (a PCA tier shares its budget among them: budget_shares).
@@ -236,8 +258,8 @@ def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibratio
         materialization_free = view_reason(tier) is None
     if tier.joint is None:
         if materialization_free:
-            return lambda index: CodedLayer(tier, short_view)
-        return lambda index: CodecLayer(tier)
+            return lambda index: CodedLayer(tier, short_view, raw_until)
+        return lambda index: CodecLayer(tier, raw_until)
     if materialization_free:
         raise ValueError(f"tier '{tier.name}' codes keys and values jointly with entropy-coded chunks, which no "
                          "kernel reads: materialization_free=True is not supported (allowed: None or False, a view)")
@@ -249,23 +271,26 @@ def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibratio
         raise ValueError(f"the calibration of '{calibration.model}' has no coder for full-attention layers {missing} "
                          f"of this model (allowed: the model it was calibrated on)")
     shares = budget_shares(calibration, layers)
-    return lambda index: PCALayer(tier, calibration.coders[index], shares[index])
+    return lambda index: PCALayer(tier, calibration.coders[index], shares[index], raw_until)
 
 
 def make_cache(source, tier: Tier | str, materialization_free: bool | None = None,
                calibration: Calibration | None = None, attention_mask: torch.Tensor | None = None,
-               per_layer: dict | None = None, **overrides) -> Cache:
+               per_layer: dict | None = None, raw_until: int | None = None, **overrides) -> Cache:
     """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache.
 
     materialization_free: None (default) = attention on the stored codes wherever the tier allows
     (view_reason says why not), False = keep a decoded view, True = on the codes.
+    raw_until: None (default) = each layer holds its tokens raw until the tier's archive pays off (its own N,
+    cache/layers.py "Raw until N"), 0 = archive from the first complete unit (what a measurement of the codec
+    wants), or any token count.
 
     source: a model config, or a LoadedModel (codeckv.load_model), from which a PCA tier's calibration is
     loaded or computed when none is given (codeckv.cache.calibration.calibration_for).
     attention_mask: the (B, T) mask of a left-padded batch, so that codecs leave the pad tokens out.
     per_layer: {layer index: tier or preset name} overriding `tier` on those layers (codeckv/cache/schedule.py).
     """
-    tier = as_tier(tier)
+    tier = tier if isinstance(tier, Tier) else as_tier(tier)  # a Tier travels as it is; a name is resolved once
     if per_layer:
         tier = schedule(tier, per_layer)
     config = source.model.config if isinstance(source, LoadedModel) else source
@@ -273,7 +298,7 @@ def make_cache(source, tier: Tier | str, materialization_free: bool | None = Non
         return DynamicCache(config=config)
     if calibration is None and isinstance(source, LoadedModel):
         calibration = calibration_for(source, tier)
-    cache = CodecCache.from_config(config, tier, materialization_free, calibration, **overrides)
+    cache = CodecCache.from_config(config, tier, materialization_free, calibration, raw_until, **overrides)
     if attention_mask is not None:
         cache.set_left_padding(attention_mask)
     return cache

@@ -3,7 +3,9 @@
 Its update() returns shape-only "meta" tensors tagged with the layer (TAG); codeckv.cache.attention then runs
 kernels.decode_attention on its segments (the stored codes, the raw tokens). A short context's decode steps may
 read a decoded view instead (`short_view`, up to SHORT_VIEW_TOKENS tokens; never a prefill chunk, never at
-rest); docs/architecture.md tabulates when. held_bytes counts it.
+rest); docs/architecture.md tabulates when. held_bytes counts it. A layer whose decode steps would read that view
+holds a short context raw instead (its own N is SHORT_VIEW_TOKENS: codeckv/cache/layers.py, "Raw until N"), so
+the view is built only where a smaller raw_until was asked for (a measurement archiving from the start).
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ import torch
 from codeckv.cache.archive import Archive
 from codeckv.cache.footprint import LayerFootprint
 from codeckv.cache.kernel_ops import Coded, Raw, Segment, attention_compiled, decode, decode_attention
-from codeckv.cache.layers import VIEW_GROWTH_TOKENS, CodecLayer, RawTokens
+from codeckv.cache.layers import SHORT_VIEW_TOKENS, CodecLayer, RawTokens
 from codeckv.codecs.base import Encoded, slice_encoded
 from codeckv.tiers import Tier
 
 TAG = "codeckv_layer"  # attribute of the meta tensors a CodedLayer returns (codeckv.cache.attention reads it)
-SHORT_VIEW_TOKENS = 2048  # a CodedLayer's decode steps read a decoded view while it holds at most this many tokens
 
 
 def _cat(pair: tuple[torch.Tensor, torch.Tensor] | None, k: torch.Tensor, v: torch.Tensor):
@@ -32,12 +33,16 @@ class CodedLayer(CodecLayer):
     """A CodecLayer without the decoded view: attention runs on the stored codes (module docstring).
 
     short_view: decode steps at a short context read a decoded view (module docstring; make_cache's default
-    path asks for it); False = the codes always.
+    path asks for it); False = the codes always. raw_until: as CodecLayer's.
     """
 
-    def __init__(self, tier: Tier, short_view: bool = False) -> None:
+    def __init__(self, tier: Tier, short_view: bool = False, raw_until: int | None = None) -> None:
         self.short_view = short_view
-        super().__init__(tier)
+        super().__init__(tier, raw_until)
+
+    def _reads_view(self, key_states: torch.Tensor) -> bool:
+        """True when its decode steps would read a short context's view (no compiled kernel reads these codes)."""
+        return self.short_view and not self._codes_compiled(key_states)
 
     def _reset_state(self) -> None:
         self.length = 0  # tokens held
@@ -104,7 +109,7 @@ class CodedLayer(CodecLayer):
             self._view_v[:, :, self.length : self.length + new] = value_states
         self.length += new
         if (self.short_view and new == 1 and not self.on_view and self.length <= SHORT_VIEW_TOKENS
-                and not self._codes_compiled(key_states)):
+                and self.archive_k.tokens and not self._codes_compiled(key_states)):
             self._build_view(key_states, value_states)  # a decode step at a short context (module docstring)
         if self.on_view:
             self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
@@ -121,11 +126,10 @@ class CodedLayer(CodecLayer):
             self.tier.key, self.tier.value, key_states.shape[-1])
 
     def _build_view(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Decode every held token into a new view of the layer's length plus VIEW_GROWTH_TOKENS (capped)."""
+        """Decode every held token into a new view of the layer's length (later steps grow it: _ensure_capacity)."""
         b, h, _, d = key_states.shape
-        capacity = min(self.length + VIEW_GROWTH_TOKENS, SHORT_VIEW_TOKENS)
-        self._view_k = key_states.new_empty((b, h, capacity, d))
-        self._view_v = value_states.new_empty((b, h, capacity, value_states.shape[3]))
+        self._view_k = key_states.new_empty((b, h, self.length, d))
+        self._view_v = value_states.new_empty((b, h, self.length, value_states.shape[3]))
         parts = [self._sinks, self._decode_archive(key_states) if self.archive_k.tokens else None, self._tail]
         at = 0
         for keys, values in (part for part in parts if part is not None):

@@ -11,14 +11,22 @@ Each forward attends its own new tokens at full precision (as a real prefill doe
 the next update every complete unit of tokens that left the recent window is encoded and appended to
 the archive. A unit is lcm(key block, value block, MIN_ARCHIVE_TOKENS) tokens.
 
-- CodecLayer decodes each archived unit once into a preallocated, capacity-doubling view that
-  attention reads, so a decode step costs O(one block): no full-length copy or re-decode per step.
+Raw until N. A layer that has archived nothing holds its tokens as a native layer does (exact-size, the same
+bytes) while it holds fewer than `raw_until` tokens; from then on it archives every complete unit, the first
+tokens included, as a layer that archived from the start would. `raw_until=0` archives from the first unit (what
+the quality measurements score); the default is the tier's own N (`own_raw_until`): the first unit on the codes
+(8 or 32 tokens), SHORT_VIEW_TOKENS for a layer that reads a decoded view (beside a view an archive pays off only
+at rest), never for png. docs/architecture.md, "Raw until N", gives the rule and why. Past N the buffers grow by a
+fraction of what they hold, with no fixed minimum.
+
+- CodecLayer decodes each archived unit once into the view that attention reads, so a decode step costs O(one
+  block): no full-length copy or re-decode per step.
 - CodedLayer (codeckv/cache/coded_layer.py) keeps no view but a short context's: attention reads the stored codes.
 
 At rest (`compact()`, e.g. an idle chat session) a layer keeps only what cannot be rebuilt: the archive,
 exact-size, and its raw tokens (RawTokens); `restore()`, or the next update, decodes the archive into
 the view again, bit for bit as before. `export_state()` / `load_state()` hand that same content to and
-from a file (cache/saved_format.py).
+from a file (cache/saved_format.py), `raw_until` included.
 
 Encoding and decoding go through kernels.encode / kernels.decode: the Triton kernels on CUDA when the
 codec's row layout allows, the codec's own torch code elsewhere. Buffers are inference-mode tensors.
@@ -27,6 +35,7 @@ codec's row layout allows, the codec's own torch code elsewhere. Buffers are inf
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -34,15 +43,24 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from codeckv.cache.archive import Archive
+from codeckv.cache.archive import Archive, grown_capacity
 from codeckv.cache.flush import flush_layers
 from codeckv.cache.footprint import LayerFootprint
 from codeckv.cache.kernel_ops import decode
-from codeckv.codecs.base import Encoded
+from codeckv.codecs.base import Codec, Encoded
 from codeckv.tiers import Tier
 
 MIN_ARCHIVE_TOKENS = 8
-VIEW_GROWTH_TOKENS = 256  # the decoded view grows by at least this many tokens (25% beyond a long prompt)
+SHORT_VIEW_TOKENS = 2048  # a short context (module docstring): a layer that would read a view holds it raw up to here
+
+
+@functools.lru_cache(maxsize=64)
+def unit_code_bytes(key: Codec, value: Codec, unit: int, head_dims: tuple[int, int], dtype: torch.dtype) -> int:
+    """Bytes that one archive unit of one row and head stores, keys and values, codes and metadata: a probe encode
+    (these codecs store data-independent sizes; entropy-coded sizes are only reported beside, entropy_nbytes)."""
+    generator = torch.Generator().manual_seed(0)
+    probe = [torch.randn(1, 1, unit, d, generator=generator).to(dtype) for d in head_dims]
+    return key.nbytes(key.encode(probe[0])) + value.nbytes(value.encode(probe[1]))
 
 
 @dataclass
@@ -77,7 +95,9 @@ class CodecLayer(DynamicLayer):
     is_croppable = True
     variable_length: tuple[str, ...] = ()  # names of export_state tensors whose length differs across layers
 
-    def __init__(self, tier: Tier) -> None:
+    def __init__(self, tier: Tier, raw_until: int | None = None) -> None:
+        """raw_until: tokens held raw before the layer archives (0: from the first complete unit); None: the
+        tier's own N (module docstring, "Raw until N"), settled at the first update."""
         super().__init__()
         if tier.key is None or tier.value is None:
             raise ValueError(f"tier '{tier.name}' does not encode both keys and values; native layers use "
@@ -86,7 +106,38 @@ class CodecLayer(DynamicLayer):
         # Tokens archived at a time: whole codec blocks, and at least MIN_ARCHIVE_TOKENS so that per-token
         # codecs (int8) encode once per 8 steps instead of paying an encode/decode call on every step.
         self.unit = math.lcm(tier.key.block_tokens, tier.value.block_tokens, MIN_ARCHIVE_TOKENS)
+        self.ask_raw_until(raw_until)
         self._reset_state()
+
+    def ask_raw_until(self, raw_until: int | None) -> None:
+        """Hold tokens raw until `raw_until` (None: the tier's own N, settled by lazy_initialization)."""
+        if raw_until is not None and (isinstance(raw_until, bool) or not isinstance(raw_until, int) or raw_until < 0):
+            raise ValueError(f"raw_until={raw_until!r} must be a token count >= 0 (0: archive from the first "
+                             "complete unit) or None (the tier's own)")
+        self.raw_until_asked = raw_until
+        self.raw_until: int | None = raw_until  # tokens held raw before archiving; None once settled: never
+
+    def own_raw_until(self, key_states: torch.Tensor, value_states: torch.Tensor) -> int | None:
+        """The tier's own N for states like these (module docstring, "Raw until N"); None: never archive."""
+        if not self._archive_smaller(key_states, value_states):
+            return None
+        first_unit = self.tier.keep_first + self.tier.keep_recent + self.unit
+        return max(first_unit, SHORT_VIEW_TOKENS) if self._reads_view(key_states) else first_unit
+
+    def _reads_view(self, key_states: torch.Tensor) -> bool:
+        """True when attention would read this layer's tokens from a decoded view (always, for a CodecLayer)."""
+        return True
+
+    def _archive_smaller(self, key_states: torch.Tensor, value_states: torch.Tensor) -> bool:
+        """True when one archive unit stores fewer bytes than its raw tokens in the states' dtype."""
+        dims = (key_states.shape[3], value_states.shape[3])
+        raw = self.unit * sum(dims) * key_states.element_size()
+        return unit_code_bytes(self.tier.key, self.tier.value, self.unit, dims, key_states.dtype) < raw
+
+    @property
+    def holds_raw(self) -> bool:
+        """True while nothing is archived: the layer holds its tokens as a native layer would."""
+        return self.archived_upto == self.tier.keep_first
 
     def _reset_state(self) -> None:
         self.length = 0  # tokens held
@@ -99,6 +150,8 @@ class CodecLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
         self.is_initialized = True
+        if self.raw_until_asked is None:
+            self.raw_until = self.own_raw_until(key_states, value_states)
 
     @torch.inference_mode()
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -155,7 +208,10 @@ class CodecLayer(DynamicLayer):
         self.archived_upto += count
 
     def _archivable(self) -> int:
-        """Tokens to archive now: whole units after the archive that are neither sinks nor in the recent window."""
+        """Tokens to archive now: whole units after the archive that are neither sinks nor in the recent window;
+        none while the layer holds raw and fewer than raw_until tokens (module docstring, "Raw until N")."""
+        if self.holds_raw and (self.raw_until is None or self.length < self.raw_until):
+            return 0
         end = self.length - self.tier.keep_recent
         return max((end - self.archived_upto) // self.unit * self.unit, 0)
 
@@ -173,10 +229,12 @@ class CodecLayer(DynamicLayer):
         return max(self.length - self.tier.keep_first, 0) // self.unit * self.unit
 
     def _ensure_capacity(self, like: torch.Tensor, needed: int) -> None:
+        """Room in the view for `needed` tokens: exactly that while the layer holds raw (as a native layer),
+        a quarter more than it had once it archives (module docstring)."""
         capacity = 0 if self._view_k is None else self._view_k.shape[2]
         if needed <= capacity:
             return
-        capacity = max(needed, capacity + max(capacity // 4, VIEW_GROWTH_TOKENS))  # +25%: a long prompt wastes little
+        capacity = needed if self.holds_raw else grown_capacity(capacity, needed)
         b, h, _, d = like.shape
         grown_k = like.new_empty((b, h, capacity, d))
         grown_v = like.new_empty((b, h, capacity, self._head_dim_v(like)))
@@ -291,9 +349,8 @@ class CodecLayer(DynamicLayer):
             return 0.0
         start, rest = time.perf_counter(), self._rest
         b, h, _, d = rest.sink_keys.shape
-        capacity = self.length + VIEW_GROWTH_TOKENS
-        view_k = rest.sink_keys.new_empty((b, h, capacity, d))
-        view_v = rest.sink_values.new_empty((b, h, capacity, rest.sink_values.shape[3]))
+        view_k = rest.sink_keys.new_empty((b, h, self.length, d))  # exact: the next update grows it if it must
+        view_v = rest.sink_values.new_empty((b, h, self.length, rest.sink_values.shape[3]))
         sinks, tail = rest.sink_keys.shape[2], slice(min(self.archived_upto, self.length), self.length)
         view_k[:, :, :sinks], view_v[:, :, :sinks] = rest.sink_keys, rest.sink_values
         if self.archived_upto > self.tier.keep_first:
@@ -320,7 +377,7 @@ class CodecLayer(DynamicLayer):
         self.flush()
         tensors = dict(self._raw_tokens().tensors)
         tensors.update(self._archive_tensors())
-        return tensors, {"length": self.length, "archived_upto": self.archived_upto}
+        return tensors, {"length": self.length, "archived_upto": self.archived_upto, "raw_until": self.raw_until}
 
     def _archive_tensors(self) -> dict[str, torch.Tensor]:
         if not self.archive_k.tokens:
@@ -336,6 +393,7 @@ class CodecLayer(DynamicLayer):
         rest = RawTokens(tensors["sink_keys"], tensors["sink_values"], tensors["tail_keys"], tensors["tail_values"])
         self.lazy_initialization(rest.sink_keys, rest.sink_values)
         self.length, self.archived_upto = counts["length"], counts["archived_upto"]
+        self.raw_until = counts["raw_until"]  # as saved: the file resumes archiving where its cache would have
         b, h, _, d = rest.sink_keys.shape
         meta = {"dtype": rest.sink_keys.dtype, "device": "meta"}
         self.keys = torch.empty((b, h, self.length, d), **meta)

@@ -11,6 +11,9 @@ decoded view that attention reads — with two differences:
   decode to, computed from the integer codes (LayerCoder.archive: the same bits, no entropy decoding).
   At rest (`compact()`) the layer keeps the chunks and its raw tokens only; restoring decodes the chunks again.
 
+Like every layer with a decoded view it holds a short context raw (codeckv/cache/layers.py, "Raw until N"); its
+archive is smaller than the raw tokens whenever the tier's bits per element are fewer than the dtype's.
+
 Beam search (batch reordering) and the materialization-free mode are not supported.
 """
 
@@ -30,8 +33,9 @@ class PCALayer(CodecLayer):
 
     variable_length = ("streams",)  # entropy-coded bytes: concatenated over layers in a file (cache/saved_format.py)
 
-    def __init__(self, tier: Tier, coder: LayerCoder, share: float = 1.0) -> None:
-        """share: this layer's share of the tier's bits per element (codeckv.cache.calibration.budget_shares)."""
+    def __init__(self, tier: Tier, coder: LayerCoder, share: float = 1.0, raw_until: int | None = None) -> None:
+        """share: this layer's share of the tier's bits per element (codeckv.cache.calibration.budget_shares);
+        raw_until: as CodecLayer's."""
         DynamicLayer.__init__(self)
         if tier.joint is None:
             raise ValueError(f"tier '{tier.name}' has no joint coder: use CodecLayer (allowed: a PCA tier)")
@@ -39,7 +43,13 @@ class PCALayer(CodecLayer):
             raise ValueError(f"share={share!r}: a layer's share of the budget must be positive")
         self.tier, self.coder, self.share = tier, coder, share
         self.unit = MIN_ARCHIVE_TOKENS  # tokens per stored chunk
+        self.ask_raw_until(raw_until)
         self._reset_state()
+
+    def _archive_smaller(self, key_states: torch.Tensor, value_states: torch.Tensor) -> bool:
+        """True when this layer's budget (codecs/rate.py: every byte stored, from REPAY_TOKENS tokens on) is fewer
+        bits per element than the states' dtype."""
+        return self.tier.joint.bits_per_element * self.share < 8 * key_states.element_size()
 
     def _reset_state(self) -> None:
         self.length = 0  # tokens held

@@ -20,8 +20,10 @@ digest refuses). The safetensors metadata holds one key, "codeckv", a JSON objec
     model                 name (null when not given), geometry (per layer: "codec" or "sliding" and its window;
                           KV heads, head_dim, dtype), calibration (PCA tiers: sha256 of every layer's coder; else null)
     tokens, batch         tokens every layer holds; rows of the batch
-    layers                per model layer: {"kind": "codec", "length", "archived_upto"} or
-                          {"kind": "sliding", "cumulative_length"}
+    layers                per model layer: {"kind": "codec", "length", "archived_upto", "raw_until"} or
+                          {"kind": "sliding", "cumulative_length"}; raw_until (cache/layers.py, "Raw until N"):
+                          tokens the layer holds raw before it archives, null = never; absent (files written
+                          before it) = 0, as those caches archived from the first unit
     splits                variable-length tensors (PCA streams): their length per layer
     sha256                of every tensor (name and bytes, in name order)
     extra                 an application's own JSON (the Chat: the conversation's exchanges), or null

@@ -176,11 +176,14 @@ def _checked_counts(cache, layers: list, tokens: int, groups: list[str]) -> list
             raise SavedCacheError(f"layer {index}: its entry is not an object")
         if isinstance(layer, CodecLayer):
             length, upto = counts.get("length"), counts.get("archived_upto")
+            raw_until = counts.get("raw_until", 0)  # absent: a file from before raw_until, archived from the start
             keep_first, keep_recent = layer.tier.keep_first, layer.tier.keep_recent
             valid = (counts.get("kind") == "codec" and _count(length) and _count(upto) and length == tokens
-                     and keep_first <= upto <= max(length, keep_first) and (upto - keep_first) % layer.unit == 0
-                     and length - keep_recent - upto < layer.unit)
-            entry = {"kind": "codec", "length": length, "archived_upto": upto}
+                     and (raw_until is None or _count(raw_until))
+                     and keep_first <= upto <= max(length, keep_first) and (upto - keep_first) % layer.unit == 0)
+            held_raw = valid and upto == keep_first and (raw_until is None or length < raw_until)
+            valid = valid and (held_raw or length - keep_recent - upto < layer.unit)
+            entry = {"kind": "codec", "length": length, "archived_upto": upto, "raw_until": raw_until}
         else:
             cumulative = counts.get("cumulative_length")
             valid = counts.get("kind") == "sliding" and cumulative == tokens

@@ -12,24 +12,31 @@ from codeckv.cli.types import positive, tier_name
 
 NAME = "memory"
 HELP = "held, peak and at-rest bytes of each tier vs native over contexts"
+ALL = "all"  # --tiers all: every preset tier
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contexts", type=positive, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
                         help="prompt tokens (default 1024 2048 4096 8192 16384)")
     parser.add_argument("--new-tokens", type=positive, default=64, help="greedy tokens after the prompt (default 64)")
-    parser.add_argument("--tiers", nargs="+", type=tier_name, default=["int8", "turbo-4", "pca-8x"],
-                        help="tier names; native always runs (default int8 turbo-4 pca-8x)")
+    parser.add_argument("--tiers", nargs="+", type=tier_or_all, default=["int8", "turbo-4", "pca-8x"],
+                        help="tier names, or all (every preset); native always runs (default int8 turbo-4 pca-8x)")
     parser.add_argument("--out", help="CSV path (default out/memory-<model>.csv)")
     parser.add_argument("--charts", help="folder for the charts (default out/memory-<model>)")
+
+
+def tier_or_all(text: str) -> str:
+    """A preset tier name, or "all" (argparse type)."""
+    return text if text == ALL else tier_name(text)
 
 
 def run(args: argparse.Namespace) -> None:
     from codeckv.measure.memory import beside_native, memory_row_isolated, modes_of
     from codeckv.measure.table import format_table, write_csv
-    from codeckv.tiers import get_tier
+    from codeckv.tiers import TIERS, get_tier
 
-    tiers = [get_tier(name) for name in dict.fromkeys(["native", *args.tiers])]
+    names = [name for name in args.tiers if name != ALL] + (list(TIERS) if ALL in args.tiers else [])
+    tiers = [get_tier(name) for name in dict.fromkeys(["native", *names])]
     plan = [(t, m, c) for c in args.contexts for t in tiers for m in modes_of(t)]
     rows = []
     with tqdm(total=len(plan), desc="memory", unit="turn") as bar:
@@ -40,8 +47,9 @@ def run(args: argparse.Namespace) -> None:
     table = beside_native(rows)
     mib = [{**r, **{k: r[k] / 2**20 for k in ("held_bytes", "peak_held_bytes", "at_rest_bytes", "process_peak_bytes")}}
            for r in table]
-    print(format_table(mib, ["context", "tier", "mode", "held_bytes", "held_vs_native", "peak_held_bytes",
-                             "at_rest_bytes", "process_peak_bytes", "process_peak_saving_of_native", "seconds"]))
+    print(format_table(mib, ["context", "tier", "mode", "raw_until", "archived_tokens", "held_bytes", "held_vs_native",
+                             "peak_held_bytes", "at_rest_bytes", "process_peak_bytes", "process_peak_saving_of_native",
+                             "seconds"]))
     print(f"MiB; one fresh process per row; {rows[0].process_peak_source}; {args.new_tokens} new tokens per turn")
     stem = f"memory-{file_stem(args.model or 'smollm2-135m')}"
     paths = write_figures(lambda figures: {

@@ -18,10 +18,12 @@ StackedCache, codeckv/cache/stacked.py). On a CPU a small model's decode step is
 weights, so the 4 x 512 docstring run of 11 tiers took 117.7 s against 408 s tier by tier (README,
 "Tiers and what they cost"). Attention runs per cache, so a cache's numbers are those of a run on its
 own up to the rounding of the matrix products at another batch size (~1e-6 in log-probs), and a
-lossless cache is bitwise its baseline when both are in the same call. The reference log-probs are
-kept as (W, positions, vocab) fp32, so caches scored in a later call compare with the same reference
-without re-running native. `on_step`, called after every forward, is where a caller reports progress
-or stops the run (by raising).
+lossless cache is bitwise its baseline when both are in the same call. Every codec cache is scored
+archiving from its first complete unit (lockstep sets raw_until=0 on each): the scores measure the codec,
+never a short context that the cache would hold raw (codeckv/cache/layers.py, "Raw until N"). The
+reference log-probs are kept as (W, positions, vocab) fp32, so caches scored in a later call compare with
+the same reference without re-running native. `on_step`, called after every forward, is where a caller
+reports progress or stops the run (by raising).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 import torch
 from transformers import Cache, PreTrainedModel
 
+from codeckv.cache import CodecCache
 from codeckv.cache.attention import use_codec_attention
 from codeckv.cache.stacked import StackedCache
 from codeckv.loaded import ModelInfo
@@ -119,6 +122,9 @@ def lockstep(
     """
     if not caches:
         raise ValueError("give at least one cache (the native baseline first when there is no reference yet)")
+    for cache in caches:
+        if isinstance(cache, CodecCache):
+            cache.set_raw_until(0)  # the codec itself, from its first unit (module docstring)
     if reference is not None:
         windows, prefix = reference.windows, reference.prefix
     prefix = windows.shape[1] // 2 if prefix is None else prefix

@@ -5,7 +5,9 @@
 
 One turn per row: `context` corpus tokens prefilled through the cache in PREFILL_CHUNK-token forwards,
 then `new_tokens` greedy tokens. A row's cache is native, a tier on its stored codes ("codes", no decoded
-view) or a tier with a decoded view ("view"). Measured for the same tokens:
+view) or a tier with a decoded view ("view"), built as make_cache builds it: each layer holds its tokens raw
+until the tier's archive pays off (`raw_until`, codeckv/cache/layers.py "Raw until N"). Measured for the same
+tokens:
 
 - held: bytes of every tensor the cache owns at the end (exact, from the tensors: codeckv.cache.held_bytes);
 - peak held: the most those tensors took after any forward of the turn (the raw prompt chunk included);
@@ -49,6 +51,8 @@ class MemoryRow:
     archive_bytes: int  # footprint().archive_bytes: what the codec must keep (codes + raw tokens)
     bf16_bytes: int  # a bf16 native cache of the same tokens
     seconds: float  # the whole turn
+    raw_until: int | None  # tokens the codec layers hold raw before archiving (the largest); None: native, or never
+    archived_tokens: int  # tokens its codec layers hold archived at the end (0: all raw, as native)
     process_peak_bytes: int = -1  # memory_row_isolated: CUDA allocator peak, or CPU peak-RSS growth (-1: not measured)
     process_peak_source: str = ""
 
@@ -83,12 +87,14 @@ def memory_row(loaded: LoadedModel, tier: Tier, mode: str, context: int, new_tok
     seconds = time.perf_counter() - start
     fp = footprint(cache)
     held = held_bytes(cache)
-    at_rest = held
+    at_rest, raw_until = held, None
     if isinstance(cache, CodecCache):
+        until = list(cache.raw_until.values())
+        raw_until = None if None in until else max(until)
         cache.compact()
         at_rest = held_bytes(cache)
     return MemoryRow(tier.name, mode, context, fp.tokens, held, max(peak, held), at_rest, fp.archive_bytes,
-                     fp.bf16_bytes, seconds)
+                     fp.bf16_bytes, seconds, raw_until, fp.archived_tokens)
 
 
 def memory_rows(loaded: LoadedModel, tiers: list[Tier], contexts: list[int], new_tokens: int = 64,

@@ -3,6 +3,7 @@
     update.panels["turbo-4"].text      # Panel: what a run has generated so far
     update.result.kld                  # Comparison (final update): bytes, latency, token match, KLD / top-1 / ΔNLL
     update.result.codec.footprint      # RunStats: a run's timings and the Footprint of its cache
+    update.result.codec.raw_until      # [(N, codec layers)]: tokens held raw before archiving (cache/layers.py)
 
 Pure data, filled by measure/side_by_side.py; formatting.py and plots.py read it.
 """
@@ -59,6 +60,7 @@ class RunStats:
     attention: dict[str, int] = field(default_factory=dict)  # codec layers per attention mode ({}: a native cache)
     view_reason: str | None = None  # why some layers read a decoded view (None where none does)
     prefill_path: str = "native"  # how the prompt went into the cache
+    raw_until: list[tuple[int | None, int]] = field(default_factory=list)  # raw_until_counts ([]: a native cache)
 
     @property
     def archive_bytes(self) -> int:
@@ -139,6 +141,7 @@ class Comparison:
             "peak_held_bytes": self.codec.peak_held_bytes,
             "native_peak_held_bytes": self.native.peak_held_bytes,
             "attention": self.codec.attention,
+            "raw_until": self.codec.raw_until,
             "prefill_path": self.codec.prefill_path,
             "peak_memory_bytes": self.codec.peak_memory_bytes,
             "native_peak_memory_bytes": self.native.peak_memory_bytes,
@@ -168,6 +171,16 @@ class Update:
     def result(self) -> Comparison | None:
         """The first tier's Comparison (the only one in a side-by-side run), once done."""
         return next(iter(self.results.values())) if self.results else None
+
+
+def raw_until_counts(cache) -> list[tuple[int | None, int]]:
+    """(N, codec layers) for each N that `cache`'s codec layers hold their tokens raw until, most layers first
+    (CodecCache.raw_until: 0 = archiving from the first unit, None = never); [] for a native cache."""
+    if not isinstance(cache, CodecCache):
+        return []
+    values = list(cache.raw_until.values())
+    counts = {value: values.count(value) for value in values}
+    return sorted(counts.items(), key=lambda item: -item[1])
 
 
 def attention_counts(cache) -> dict[str, int]:

@@ -42,7 +42,17 @@ from codeckv.cache.layers import CodecLayer
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import chat_input_ids, next_logits, stop_token_ids
 from codeckv.measure.lockstep import delta_percent, kl_divergence
-from codeckv.measure.runs import NATIVE, PEAK_SOURCE, Comparison, Panel, Prompt, RunStats, Update, attention_counts
+from codeckv.measure.runs import (
+    NATIVE,
+    PEAK_SOURCE,
+    Comparison,
+    Panel,
+    Prompt,
+    RunStats,
+    Update,
+    attention_counts,
+    raw_until_counts,
+)
 from codeckv.tiers import Tier, get_tier
 
 PREFILL_CHUNK = 512  # prompt tokens per forward
@@ -170,6 +180,7 @@ class Run:
             attention=attention_counts(self.cache),
             view_reason=self.view_reason,
             prefill_path=self.prefill_path,
+            raw_until=raw_until_counts(self.cache),
         )
 
 

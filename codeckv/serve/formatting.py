@@ -71,6 +71,21 @@ def tokens_held(fp: Footprint) -> str:
             f"{fp.tail_tokens} tail)")
 
 
+def raw_until_text(raw_until: list[tuple[int | None, int]]) -> str:
+    """When a codec cache's layers start archiving (measure/runs.raw_until_counts), e.g. 'raw until 2,048 tokens' or
+    'raw until 32 tokens in 29 of 30 layers, raw until 2,048 tokens in 1'; '' for a native cache."""
+    def phrase(n: int | None) -> str:
+        if n is None:
+            return "raw at every length"
+        return "archiving from the first unit" if n == 0 else f"raw until {n:,} tokens"
+
+    if len(raw_until) <= 1:
+        return "".join(phrase(n) for n, _ in raw_until)
+    (n, count), *others = raw_until
+    total = sum(layers for _, layers in raw_until)
+    return ", ".join([f"{phrase(n)} in {count} of {total} layers", *(f"{phrase(m)} in {c}" for m, c in others)])
+
+
 def steady_state(ratio: float) -> str:
     """The steady-state ratio, or why there is none yet."""
     return "n/a until a block is archived" if math.isnan(ratio) else f"**{ratio:.1%}**"
@@ -81,11 +96,14 @@ def codec_stats_markdown(cmp: Comparison) -> str:
     run, native = cmp.codec, cmp.native
     first = cmp.first_divergence
     divergence = "never diverged" if first is None else f"first divergence at token {first}"
-    attention = attention_text(run.attention, run.view_reason)
+    if any(layer.archived_tokens for layer in run.footprint.layers):
+        attention = attention_text(run.attention, run.view_reason)
+    else:  # every layer holds its tokens as the native cache does
+        attention = "on the raw tokens (nothing archived)"
     return (
         f"**{cmp.tier}** holds **{human_bytes(run.held_bytes)}** now (**{run.held_bytes / native.held_bytes:.2f}×** "
-        f"the native cache), peak {human_bytes(run.peak_held_bytes)} this turn (native "
-        f"{human_bytes(native.peak_held_bytes)}) · attention {attention} · archive "
+        f"the native cache; {raw_until_text(run.raw_until)}), peak {human_bytes(run.peak_held_bytes)} this turn "
+        f"(native {human_bytes(native.peak_held_bytes)}) · attention {attention} · archive "
         f"{human_bytes(run.archive_bytes)} = **{cmp.ratio_vs_bf16:.1%} of bf16** ({tokens_held(run.footprint)}) · "
         f"steady state {steady_state(cmp.steady_state_ratio)} of bf16 per archived token  \n"
         f"prefill {run.prefill_s * 1000:.0f} ms ({run.prefill_path}) · {_ms(run.decode_ms)}/token "

@@ -9,7 +9,7 @@ from transformers import DynamicCache
 
 from codeckv.cache import CODES, SHORT_VIEW, CodecCache, held_bytes, make_cache
 from codeckv.cache.attention import use_codec_attention
-from codeckv.cache.coded_layer import TAG, CodedLayer
+from codeckv.cache.coded_layer import SHORT_VIEW_TOKENS, TAG, CodedLayer
 from codeckv.cache.kernel_ops import attention_compiled
 from codeckv.cache.layers import CodecLayer
 from codeckv.tiers import TIERS
@@ -66,20 +66,29 @@ def _assert_same_predictions(want, got, atol=PATH_LOGITS_ATOL, label=""):
 @pytest.mark.parametrize("tier", ["png", "jpeg-k8-int8"])
 def test_attention_on_the_codes_predicts_what_the_materialized_cache_does(loaded, long_prompt, codec_attention_model,
                                                                         tier):
-    tokens = _greedy(loaded.model, long_prompt, CodecCache.from_config(loaded.model.config, tier), 16)[0]
-    materialized = _predictions(loaded.model, long_prompt, CodecCache.from_config(loaded.model.config, tier), tokens)
-    cache = make_cache(loaded.model.config, tier, materialization_free=True)
+    config = loaded.model.config
+    tokens = _greedy(loaded.model, long_prompt, CodecCache.from_config(config, tier, raw_until=0), 16)[0]
+    materialized = _predictions(loaded.model, long_prompt, CodecCache.from_config(config, tier, raw_until=0), tokens)
+    cache = make_cache(config, tier, materialization_free=True, raw_until=0)
     _assert_same_predictions(materialized, _predictions(codec_attention_model, long_prompt, cache, tokens), label=tier)
     assert all(isinstance(layer, CodedLayer) for layer in cache.layers)
     assert cache.layers[0].archive_k.tokens > 200, "the archive must really be read"
 
 
-def test_the_default_path_decodes_a_short_context_on_a_view_with_the_predictions_of_the_codes(
+def test_the_default_path_holds_a_short_context_raw_or_when_asked_decodes_it_on_a_view_like_the_codes(
     loaded, long_prompt, codec_attention_model
 ):
-    codes = make_cache(loaded.model.config, "jpeg-k8-int8", materialization_free=True)
-    default = make_cache(loaded.model.config, "jpeg-k8-int8")
-    tokens = _greedy(codec_attention_model, long_prompt, make_cache(loaded.model.config, "jpeg-k8-int8", True), 16)[0]
+    """A DCT tier on the CPU would decode a short context on a view (no compiled kernel reads its codes): the default
+    path holds it raw instead, predicting and holding what native does; with raw_until=0 it archives and decodes on
+    that view, with the predictions of the codes."""
+    config = loaded.model.config
+    tokens = _greedy(codec_attention_model, long_prompt, make_cache(config, "jpeg-k8-int8", True), 16)[0]
+    raw, native = make_cache(config, "jpeg-k8-int8"), DynamicCache(config=config)
+    got = _predictions(codec_attention_model, long_prompt, raw, tokens)
+    assert torch.equal(got, _predictions(codec_attention_model, long_prompt, native, tokens)), "raw: native's"
+    assert held_bytes(raw) == held_bytes(native) and set(raw.raw_until.values()) == {SHORT_VIEW_TOKENS}
+    codes = make_cache(config, "jpeg-k8-int8", materialization_free=True)
+    default = make_cache(config, "jpeg-k8-int8", raw_until=0)
     want = _predictions(codec_attention_model, long_prompt, codes, tokens)
     _assert_same_predictions(want, _predictions(codec_attention_model, long_prompt, default, tokens), label="default")
     assert set(default.attention.values()) == {SHORT_VIEW} and set(codes.attention.values()) == {CODES}, \
@@ -103,7 +112,7 @@ def test_short_view_attends_like_the_codes_and_goes_past_its_length(tier, compil
         pytest.skip(f"the compiled CPU kernel is not built here ({codes_status()})")
     torch.manual_seed(0)
     config = dataclasses.replace(TIERS[tier], keep_first=3, keep_recent=5)
-    short, coded = CodedLayer(config, short_view=True), CodedLayer(config)
+    short, coded = CodedLayer(config, short_view=True, raw_until=0), CodedLayer(config, raw_until=0)
     x, y = torch.randn(1, 3, 70, 64), torch.randn(1, 3, 70, 64)
     assert hasattr(short.update(x, y)[0], TAG) and not short.on_view, "a prefill chunk never builds the view"
     coded.update(x, y)
@@ -134,7 +143,7 @@ def test_native_cache_under_codec_attention_is_plain_sdpa(loaded, codec_attentio
 def test_layer_attends_like_the_materialized_layer_through_crop_and_beams(tier):
     torch.manual_seed(0)
     config = dataclasses.replace(TIERS[tier], keep_first=3, keep_recent=5)
-    materialized, coded = CodecLayer(config), CodedLayer(config)
+    materialized, coded = CodecLayer(config, raw_until=0), CodedLayer(config, raw_until=0)
     x, y = torch.randn(2, 2, 70, 64), torch.randn(2, 2, 70, 64)
     materialized.update(x, y)
     coded.update(x, y)
@@ -159,7 +168,7 @@ def test_layer_attends_like_the_materialized_layer_through_crop_and_beams(tier):
 @pytest.mark.parametrize("tier", ["png", "jpeg-k8-int8", "turbo-4"])
 def test_resident_bytes_stay_within_five_percent_of_the_archive_at_4k(tier):
     torch.manual_seed(0)
-    layer = CodedLayer(TIERS[tier])
+    layer = CodedLayer(TIERS[tier], raw_until=0)
     layer.update(torch.randn(1, 3, 4096, 64), torch.randn(1, 3, 4096, 64))  # a 4k prefill (smollm2 geometry)
     for _ in range(40):  # then decode steps, archiving block after block
         layer.update(torch.randn(1, 3, 1, 64), torch.randn(1, 3, 1, 64))
@@ -174,10 +183,10 @@ def test_hybrid_gemma3_sliding_layers_stay_native_under_codec_attention(tiny_gem
     environments, measured with this test's prompt): compared within 1e-4."""
     model, config = tiny_gemma3, tiny_gemma3.config
     ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(5))
-    tokens = _greedy(model, ids, CodecCache.from_config(config, "jpeg-k8-int8"), 24)[0]
-    materialized = _predictions(model, ids, CodecCache.from_config(config, "jpeg-k8-int8"), tokens)
+    tokens = _greedy(model, ids, CodecCache.from_config(config, "jpeg-k8-int8", raw_until=0), 24)[0]
+    materialized = _predictions(model, ids, CodecCache.from_config(config, "jpeg-k8-int8", raw_until=0), tokens)
     use_codec_attention(model)
-    cache = make_cache(config, "jpeg-k8-int8", materialization_free=True)
+    cache = make_cache(config, "jpeg-k8-int8", materialization_free=True, raw_until=0)
     _assert_same_predictions(materialized, _predictions(model, ids, cache, tokens), atol=1e-4, label="gemma3")
     assert [i for i, layer in enumerate(cache.layers) if isinstance(layer, CodedLayer)] == [2, 5]
 
@@ -201,7 +210,7 @@ def test_a_bf16_model_runs_every_tier(tiny_gemma3, materialization_free):
     for name, tier in TIERS.items():
         if tier.is_native or tier.joint is not None:  # PCA tiers: calibrated per model, tests/cache/test_pca.py
             continue
-        cache = make_cache(config, name, materialization_free=materialization_free)
+        cache = make_cache(config, name, materialization_free=materialization_free, raw_until=0)
         tokens = _greedy(model, ids, cache, 12)
         fp = cache.footprint()
         assert tokens.shape == native.shape and fp.archive_bytes > 0 and cache.layers[2].keys.dtype == torch.bfloat16

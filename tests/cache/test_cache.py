@@ -1,11 +1,12 @@
-"""CodecCache as a transformers Cache: exactness of png, beams, crop, causal safety, hybrid layers, footprint,
-conversion of a native cache (from_cache) and batched archiving across layers."""
+"""CodecCache as a transformers Cache: raw until N, exactness of png, beams, crop, causal safety, hybrid layers,
+footprint, conversion of a native cache (from_cache) and batched archiving across layers."""
 
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
-from codeckv.cache import CodecCache, footprint, make_cache
+from codeckv.cache import CodecCache, footprint, held_bytes, make_cache
 from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.flush import flush_layers
 from codeckv.cache.layers import CodecLayer
@@ -26,9 +27,70 @@ def _greedy(model, ids, cache, n, **kwargs):
     return out[:, ids.shape[1] :]
 
 
+# The N of every per-tensor preset on fp32 states (codeckv/cache/layers.py, "Raw until N"): on its codes, its first
+# unit; reading a decoded view (a view layer, or a codes layer whose decode steps would read a short context's
+# view), the end of a short context (SHORT_VIEW_TOKENS, 40 in the test); png never: its archive is as large as
+# the raw tokens it codes.
+SHORT = 40
+OWN_N = {"png": (None, None), "turbo-4": (32, SHORT), "turbo-3": (32, SHORT), "turbo-k4v2": (32, SHORT)}
+
+
+@pytest.mark.parametrize("mode", ["codes", "short view", "view"])
+@pytest.mark.parametrize("tier", PER_TENSOR_TIERS)
+def test_a_layer_holds_what_native_holds_until_its_own_n_then_archives(tier, mode, monkeypatch):
+    for module in ("layers", "coded_layer"):
+        monkeypatch.setattr(f"codeckv.cache.{module}.SHORT_VIEW_TOKENS", SHORT)
+    monkeypatch.setattr("codeckv.cache.coded_layer.attention_compiled", lambda *_: False)  # a short view's case
+    on_codes, view = OWN_N.get(tier, (8, SHORT))
+    want = on_codes if mode == "codes" else view
+    layer = CodecLayer(TIERS[tier]) if mode == "view" else CodedLayer(TIERS[tier], short_view=mode == "short view")
+    native = DynamicLayer()
+    torch.manual_seed(0)
+    archived_at = None
+    for x in [torch.randn(1, 3, 5, 64)] + [torch.randn(1, 3, 1, 64) for _ in range(45)]:  # a prefill, decode steps
+        before = layer.length
+        layer.update(x, -x)
+        native.update(x, -x)
+        if layer.holds_raw:
+            keys, values = layer.raw() if isinstance(layer, CodedLayer) else (layer.keys, layer.values)
+            assert torch.equal(keys, native.keys) and torch.equal(values, native.values), f"{tier}: token for token"
+            assert layer.held_bytes() == native.keys.nbytes + native.values.nbytes, f"{tier}: native's bytes"
+        elif archived_at is None:
+            archived_at = before  # the update that archived saw this many tokens
+    assert layer.raw_until == want, f"{tier} ({mode}) says raw until {layer.raw_until}"
+    assert archived_at == want, f"{tier} ({mode}): archived at {archived_at} tokens, not at its N"
+    if want is not None and mode == "codes":
+        assert layer.held_bytes() < native.keys.nbytes + native.values.nbytes, "on the codes the archive pays off"
+    if mode == "short view":
+        assert not layer.on_view, "beyond a short context a codes layer reads its codes, no view"
+
+
+def test_a_cache_says_raw_until_n_per_layer_and_archives_from_the_start_when_asked(tiny_gemma3):
+    from codeckv.cache.attention import use_codec_attention
+
+    use_codec_attention(tiny_gemma3)  # its CodedLayers attend on the codes
+    config = tiny_gemma3.config
+    own = make_cache(config, "turbo-4", True, per_layer={5: "int8"})
+    asked = make_cache(config, "turbo-4", False, per_layer={5: "int8"}, raw_until=0)
+    ids = torch.randint(0, 128, (1, 20), generator=torch.Generator().manual_seed(5))
+    native = DynamicCache(config=config)
+    with torch.inference_mode():
+        for cache in (own, asked, native):
+            tiny_gemma3(ids, cache=cache)
+            tiny_gemma3(ids[:, :1], cache=cache)  # the next update archives what became archivable
+    assert own.raw_until == {2: 32, 5: 8} and asked.raw_until == {2: 0, 5: 0}
+    assert own.layers[2].holds_raw and not own.layers[5].holds_raw, "turbo-4 holds 21 tokens raw, int8 archived 16"
+    assert asked.layers[2].holds_raw and not asked.layers[5].holds_raw, "20 tokens: no complete turbo-4 unit yet"
+    layers = [2, 5]
+    assert [own.layers[i].keys.shape for i in layers] == [native.layers[i].keys.shape for i in layers]
+    assert held_bytes(own) < held_bytes(native), "each layer holds no more than native's; int8's archive less"
+    with pytest.raises(ValueError, match="allowed: a fresh or reset cache"):
+        own.set_raw_until(0)
+
+
 def test_png_generates_exactly_the_native_tokens(loaded, prompt_ids):
     native = _greedy(loaded.model, prompt_ids, DynamicCache(config=loaded.model.config), 64)
-    codec = CodecCache.from_config(loaded.model.config, "png")
+    codec = CodecCache.from_config(loaded.model.config, "png", raw_until=0)
     got = _greedy(loaded.model, prompt_ids, codec, 64)
     assert torch.equal(native, got), "png is lossless: its greedy tokens must equal the native cache's"
     assert codec.layers[0].archive_k.tokens > 0, "blocks must really have been archived"
@@ -36,7 +98,8 @@ def test_png_generates_exactly_the_native_tokens(loaded, prompt_ids):
 
 def test_png_beam_search_matches_native(loaded, prompt_ids):
     native = _greedy(loaded.model, prompt_ids, DynamicCache(config=loaded.model.config), 20, num_beams=3)
-    got = _greedy(loaded.model, prompt_ids, CodecCache.from_config(loaded.model.config, "png"), 20, num_beams=3)
+    got = _greedy(loaded.model, prompt_ids, CodecCache.from_config(loaded.model.config, "png", raw_until=0), 20,
+                  num_beams=3)
     assert torch.equal(native, got)
 
 
@@ -44,13 +107,13 @@ def test_png_beam_search_matches_native(loaded, prompt_ids):
 def test_crop_then_continue_equals_a_fresh_run(loaded, remove):
     ids = loaded.tokenizer(PROMPT + " the fifteenth century, when Johannes", return_tensors="pt").input_ids
     model = loaded.model
-    cache = CodecCache.from_config(model.config, "png")
+    cache = CodecCache.from_config(model.config, "png", raw_until=0)
     with torch.inference_mode():
         model(ids, cache=cache)
         cache.crop(-remove)
         assert cache.get_seq_length() == ids.shape[1] - remove
         cropped_logits = model(ids[:, -remove:], cache=cache).logits
-        fresh_logits = model(ids, cache=CodecCache.from_config(model.config, "png")).logits[:, -remove:]
+        fresh_logits = model(ids, cache=CodecCache.from_config(model.config, "png", raw_until=0)).logits[:, -remove:]
     torch.testing.assert_close(cropped_logits, fresh_logits, rtol=1e-4, atol=1e-4, msg="crop then continue")
 
 
@@ -58,7 +121,7 @@ def test_crop_then_continue_equals_a_fresh_run(loaded, remove):
 def test_archived_bytes_never_change_when_later_tokens_change(tier):
     """Causal safety: the archive of the first blocks is bitwise independent of anything appended later."""
     torch.manual_seed(0)
-    layer = CodecLayer(TIERS[tier])
+    layer = CodecLayer(TIERS[tier], raw_until=0)
     first = torch.randn(1, 2, 32, 64)
     layer.update(first, first.clone())
     layer.update(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64))  # flushes the first 32 tokens
@@ -74,18 +137,19 @@ def test_archived_bytes_never_change_when_later_tokens_change(tier):
 
 
 def test_decode_step_writes_in_place_without_reallocating():
-    layer = CodecLayer(TIERS["jpeg-k8-int8"])
+    layer = CodecLayer(TIERS["jpeg-k8-int8"], raw_until=0)
     layer.update(torch.randn(1, 2, 40, 64), torch.randn(1, 2, 40, 64))
+    layer.update(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64))  # archives; the view grows a quarter: 50
     pointer = layer._view_k.data_ptr()
-    for _ in range(16):
+    for _ in range(9):
         keys, _ = layer.update(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64))
     assert layer._view_k.data_ptr() == pointer, "a decode step must not reallocate the view"
-    assert keys.shape[2] == 56 and keys.data_ptr() == pointer
+    assert keys.shape[2] == layer._view_k.shape[2] == 50 and keys.data_ptr() == pointer
 
 
 def test_keep_first_and_keep_recent_stay_exact():
     tier = TIERS["jpeg-k2"]
-    layer = CodecLayer(tier.__class__(**{**tier.__dict__, "keep_first": 4, "keep_recent": 16}))
+    layer = CodecLayer(tier.__class__(**{**tier.__dict__, "keep_first": 4, "keep_recent": 16}), raw_until=0)
     x = torch.randn(1, 1, 100, 64)
     layer.update(x, x)
     keys, _ = layer.update(torch.zeros(1, 1, 1, 64), torch.zeros(1, 1, 1, 64))
@@ -97,7 +161,7 @@ def test_keep_first_and_keep_recent_stay_exact():
 
 def test_footprint_png_equals_native_bytes_and_is_honest(loaded, prompt_ids):
     native_cache = DynamicCache(config=loaded.model.config)
-    codec = CodecCache.from_config(loaded.model.config, "png")
+    codec = CodecCache.from_config(loaded.model.config, "png", raw_until=0)
     with torch.inference_mode():
         loaded.model(prompt_ids, cache=native_cache)
         loaded.model(prompt_ids, cache=codec)
@@ -109,7 +173,7 @@ def test_footprint_png_equals_native_bytes_and_is_honest(loaded, prompt_ids):
 
 
 def test_lossy_tier_footprint_ratio(loaded):
-    codec = CodecCache.from_config(loaded.model.config, "turbo-4")
+    codec = CodecCache.from_config(loaded.model.config, "turbo-4", raw_until=0)
     ids = torch.randint(100, 5000, (1, 256))
     with torch.inference_mode():
         loaded.model(ids, cache=codec)
@@ -119,7 +183,7 @@ def test_lossy_tier_footprint_ratio(loaded):
 
 def test_hybrid_gemma3_gets_codec_layers_only_on_full_attention(tiny_gemma3):
     model, config = tiny_gemma3, tiny_gemma3.config
-    cache = CodecCache.from_config(config, "png")
+    cache = CodecCache.from_config(config, "png", raw_until=0)
     codec_layers = [i for i, layer in enumerate(cache.layers) if isinstance(layer, CodecLayer)]
     assert codec_layers == [i for i, t in enumerate(config.layer_types) if t == "full_attention"] == [2, 5]
     ids = torch.randint(0, 128, (1, 40))
@@ -150,7 +214,7 @@ def test_archiving_goes_through_the_kernel_ops(monkeypatch):
     encode, decode = flush.encode, flush.decode
     monkeypatch.setattr(flush, "encode", lambda x, codec: calls.append("encode") or encode(x, codec))
     monkeypatch.setattr(flush, "decode", lambda enc, codec: calls.append("decode") or decode(enc, codec))
-    layer = CodecLayer(TIERS["turbo-4"])
+    layer = CodecLayer(TIERS["turbo-4"], raw_until=0)
     layer.update(torch.randn(1, 2, 40, 64), torch.randn(1, 2, 40, 64))
     layer.flush()
     assert calls == ["encode", "decode", "encode", "decode"] and layer.archive_k.tokens == 32
@@ -191,11 +255,11 @@ def test_from_cache_equals_prefill_through_the_codec_cache(loaded, converted_pro
                                                            windows):
     ids, native = converted_prompt
     config = loaded.model.config
-    through = make_cache(config, tier, materialization_free=materialization_free, **windows)
+    through = make_cache(config, tier, materialization_free=materialization_free, raw_until=0, **windows)
     with torch.inference_mode():
         loaded.model(ids, cache=through)
     through.flush()
-    converted = CodecCache.from_cache(native, tier, materialization_free=materialization_free, **windows)
+    converted = CodecCache.from_cache(native, tier, materialization_free=materialization_free, raw_until=0, **windows)
     assert converted.get_seq_length() == through.get_seq_length() == ids.shape[1]
     assert converted.layers[0].archive_k.tokens == through.layers[0].archive_k.tokens > 0
     for index, (want, got) in enumerate(zip(through.layers, converted.layers)):
@@ -225,7 +289,7 @@ def test_batched_flush_stores_what_each_layer_stores_alone(tier):
     """flush_layers encodes several layers' tokens at once: the same bytes and views as one flush per layer."""
     torch.manual_seed(1)
     states = [(torch.randn(1, 2, 70, 64), torch.randn(1, 2, 70, 64)) for _ in range(3)]
-    alone, batched = [CodecLayer(TIERS[tier]) for _ in states], [CodecLayer(TIERS[tier]) for _ in states]
+    alone, batched = ([CodecLayer(TIERS[tier], raw_until=0) for _ in states] for _ in range(2))
     for (k, v), a, b in zip(states, alone, batched):
         a.update(k, v)
         a.flush()
@@ -242,7 +306,7 @@ def test_a_long_span_is_archived_in_runs_with_the_same_bytes(monkeypatch):
 
     torch.manual_seed(2)
     k, v = torch.randn(1, 2, 200, 64), torch.randn(1, 2, 200, 64)
-    whole, runs = CodecLayer(TIERS["turbo-4"]), CodecLayer(TIERS["turbo-4"])
+    whole, runs = CodecLayer(TIERS["turbo-4"], raw_until=0), CodecLayer(TIERS["turbo-4"], raw_until=0)
     whole.update(k, v)
     whole.flush()
     monkeypatch.setitem(flush.BATCH_BYTES, "cpu", 1)  # one archive unit per encode call
@@ -258,7 +322,7 @@ def _generate_logprobs(loaded, texts: list[str], tier: str, materialization_free
     tokenizer.padding_side = "left"
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     mask = batch.attention_mask if tell_padding else None
-    cache = make_cache(loaded.model.config, tier, materialization_free, attention_mask=mask)
+    cache = make_cache(loaded.model.config, tier, materialization_free, attention_mask=mask, raw_until=0)
     out = loaded.model.generate(
         **batch, cache=cache, max_new_tokens=10, do_sample=False, output_logits=True,
         return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
