@@ -1,10 +1,6 @@
-"""KV Codec Studio — Gradio layout and event wiring only; every number and figure comes from codeckv.
-
-Tabs: Chat (native vs codec cache, streamed side by side, on a question or a long document), Inspect
-(KV heatmaps, DCT spectra, per-layer errors), Tier sweep (every tier on long text with error bars, or
-on one chat prompt), Needle (pass-key retrieval over lengths and depths), Memory (what each cache holds
-over a turn, against native, by context length).
-`python app.py` serves on $GRADIO_SERVER_NAME:$PORT (default 127.0.0.1:7860).
+"""KV Codec Studio: Gradio layout and event wiring only; every number and figure comes from codeckv (its serve/
+package does what each request asks). `python app.py` serves on $GRADIO_SERVER_NAME:$PORT (127.0.0.1:7860) and
+starts preparing the default model and its PCA calibrations in the background (codeckv/serve/preparation.py).
 """
 
 from __future__ import annotations
@@ -42,6 +38,7 @@ from codeckv.serve.inputs import (
 )
 from codeckv.serve.limits import Limits, StopFlag, release_memory
 from codeckv.serve.pool import POOL
+from codeckv.serve.preparation import PREPARATION
 from codeckv.serve.reports import Reports
 from codeckv.serve.service import (
     DOWNLOAD_GPU_SECONDS,
@@ -57,9 +54,9 @@ from codeckv.serve.service import (
     SOURCES,
     chat_download,
     chat_gpu_seconds,
+    chat_request,
     chat_resume,
     chat_stop,
-    chat_stream,
     end_session,
     fresh_stop,
     inspect_request,
@@ -68,6 +65,7 @@ from codeckv.serve.service import (
     needle_cells,
     needle_request,
     needle_table,
+    preparation_text,
     sweep_downloads,
     sweep_pareto,
     sweep_request,
@@ -97,13 +95,12 @@ def chat_turn(message, document, upload, model_name, tier_name, max_new_tokens, 
     tier = tier_from_knobs(tier_name, *advanced)
     user, shown = with_document(message, one_of(document, "document", DOCUMENTS) if document else None, upload)
     try:
-        with POOL.lease(model_name) as loaded:
-            on_codes = False if decoded_view is True else None  # None: on the codes wherever the tier allows
-            turn = chat_stream(loaded, session, user, shown, tier, max_new_tokens, on_codes, limits)
-            for native, codec, native_stats, codec_stats in turn:
-                yield native, codec, native_stats, codec_stats, "", None, None, session
+        for native, codec, native_stats, codec_stats in chat_request(POOL, model_name, session, user, shown, tier,
+                                                                     max_new_tokens, decoded_view, limits):
+            yield native, codec, native_stats, codec_stats, "", None, None, session
     finally:
         release_memory()
+
 
 def stop_turn(session):
     """Stop: keep what both sides generated and say what was measured before the stop."""
@@ -251,7 +248,15 @@ def release_session(session) -> None:
 
 
 MODELS = POOL.allowed() or [DEFAULT_MODEL]
-LAYERS, KV_HEADS = model_shape(POOL, MODELS[0])
+TIER_INFO = "the PCA tiers are calibrated once per model, in the background"
+PREPARATION_TICK_SECONDS = 2
+
+
+def tier_picker_info():
+    """The tier picker says what the background preparation is doing (a calibration's progress), if anything."""
+    return gr.update(info=preparation_text() or TIER_INFO)
+
+LAYERS, KV_HEADS = model_shape(MODELS[0])
 
 with gr.Blocks(title="KV Codec Studio") as demo:
     gr.Markdown(
@@ -265,13 +270,14 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     with gr.Tab("Chat"):
         session = gr.State(None, time_to_live=3600, delete_callback=release_session)
         with gr.Row():
-            tier_name = gr.Dropdown(CODEC_TIERS, value="turbo-4", label="codec tier", scale=2)
+            tier_name = gr.Dropdown(CODEC_TIERS, value="turbo-4", label="codec tier", scale=2, info=TIER_INFO)
             max_tokens = gr.Slider(8, LIMITS.max_new_tokens, value=min(96, LIMITS.max_new_tokens), step=8,
                                    label="max new tokens", scale=2)
             decoded_view = gr.Checkbox(
                 label="keep a decoded view (opt-in; by default attention reads the stored codes)", value=False,
                 scale=1,
             )
+        gr.Timer(PREPARATION_TICK_SECONDS).tick(tier_picker_info, None, tier_name, show_progress="hidden")
         chat_advanced = advanced_settings()
         with gr.Accordion("Long document: ask about a text, so the archive holds most of the context", open=False):
             with gr.Row():
@@ -435,6 +441,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         button.click(request_stop, stop_flag, None, queue=False, api_name=False)
 
 if __name__ == "__main__":
+    PREPARATION.start(MODELS[0])  # in the background: the first visitor of a PCA tier does not wait on it alone
     demo.queue(default_concurrency_limit=2, max_size=64).launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("PORT", os.environ.get("GRADIO_SERVER_PORT", "7860"))),

@@ -25,7 +25,14 @@ import safetensors.torch
 import torch
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import try_to_load_from_cache
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from codeckv.cache.attention import use_codec_attention
@@ -147,6 +154,28 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
     model = model.to(device).eval()
     use_codec_attention(model)  # SDPA everywhere, except on materialization-free codec layers (codeckv.cache.attention)
     return LoadedModel(model, tokenizer, _describe(name, source, model, time.perf_counter() - start))
+
+
+def model_config(name: str | None = None) -> PretrainedConfig:
+    """A model's config without its weights (the converted copy's, the GGUF file's header, or the hub's), e.g. to
+    size the app's controls before the model has loaded; ModelUnavailableError as load_model raises it."""
+    name = name or DEFAULT_MODEL
+    if name in EMBEDDED:
+        converted = cache_dir() / name
+        if (converted / "config.json").exists():
+            return AutoConfig.from_pretrained(converted)
+        try:
+            gguf = EMBEDDED[name].gguf_path()
+        except ModelUnavailableError:
+            name = EMBEDDED[name].hub_id  # loaded from the hub where the package is absent: its config too
+        else:
+            return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if "/" not in name:
+        raise ModelUnavailableError(f"unknown model '{name}': use one of {sorted(EMBEDDED)} or a hub id")
+    try:
+        return AutoConfig.from_pretrained(name)
+    except OSError as err:
+        raise ModelUnavailableError(f"cannot read the config of '{name}': {_first_line(err)}") from err
 
 
 def _load_embedded(spec: EmbeddedModel, dtype: torch.dtype):

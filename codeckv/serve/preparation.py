@@ -14,6 +14,7 @@ queues that job if nobody has, and streams its progress while it waits. A calibr
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -75,7 +76,10 @@ class Preparation:
         self._worker: threading.Thread | None = None
 
     def start(self, model: str) -> None:
-        """Queue `model`'s conversion and the calibration of every PCA tier of TIERS for it."""
+        """Queue `model`'s conversion and the calibration of every PCA tier of TIERS for it, unless the operator
+        set CODECKV_PREPARE=0 (then a request computes what it needs when it first needs it, still one at a time)."""
+        if os.environ.get("CODECKV_PREPARE", "1").strip() == "0":
+            return
         self._ask(model, None)
         for tier in TIERS.values():
             if tier.joint is not None:

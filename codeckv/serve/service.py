@@ -37,7 +37,7 @@ from codeckv.measure.side_by_side import prompt_ids
 from codeckv.measure.sweep import Sweep, sweep
 from codeckv.measure.sweep import as_dicts as sweep_dicts
 from codeckv.measure.table import write_csv, write_json
-from codeckv.models import ModelUnavailableError
+from codeckv.models import ModelUnavailableError, model_config
 from codeckv.serve.formatting import (
     codec_stats_markdown,
     human_bytes,
@@ -51,6 +51,7 @@ from codeckv.serve.formatting import (
 )
 from codeckv.serve.inputs import chosen_tiers, fits_model, one_of, read_text_file, saved_cache_file, user_text, whole
 from codeckv.serve.limits import Deadline, Limits, StopFlag
+from codeckv.serve.preparation import PREPARATION
 from codeckv.serve.sessions import IDLE
 from codeckv.serve.zerogpu import MAX_SECONDS, estimate_seconds
 from codeckv.tiers import TIERS, Tier
@@ -58,7 +59,7 @@ from codeckv.tiers import TIERS, Tier
 LONG_TEXT = "long text: KL divergence, top-1, ΔNLL with their spread over windows"
 ONE_PROMPT = "one chat prompt: latency, token match, first divergence (a single sample)"
 SOURCES = {"embedded corpus (Python reference)": "corpus", "held-out text (stdlib docstrings)": "docstrings",
-           "pasted text": "pasted", "uploaded file": "file"}
+           "other domain (King James Bible)": "bible", "pasted text": "pasted", "uploaded file": "file"}
 METRICS = {"KL divergence": "kld", "ΔNLL": "delta_nll_pct"}
 NEEDLE_LENGTHS = (512, 1024, 2048, 4096, 8000)
 NEEDLE_DEPTHS = ("0%", "25%", "50%", "75%", "100%")
@@ -102,6 +103,7 @@ def sweep_request(loaded: LoadedModel, mode, source, pasted, upload, windows, le
     if mode == ONE_PROMPT:
         prompt = user_text(prompt)
         new_tokens = whole(new_tokens, "new tokens per tier", 1, min(128, limits.max_new_tokens))
+        prepared(loaded, tiers, report)
         result = sweep(loaded, [{"role": "user", "content": prompt}], tiers, new_tokens, progress=report)
         about = {"mode": "one prompt", "prompt": prompt, "new_tokens": new_tokens}
         return SweepOutcome(result, sweep_table(result.rows), sweep_figures(result), sweep_dicts(result.rows), about)
@@ -117,6 +119,7 @@ def sweep_request(loaded: LoadedModel, mode, source, pasted, upload, windows, le
         if not upload:
             raise ValueError("upload a .txt or .md file first")
         text = read_text_file(upload, limits.max_text_chars)
+    prepared(loaded, tiers, report)
     result = measure_quality(loaded, tiers, windows, length, "corpus" if text else kind, text, report)
     about = {"mode": "long text", "source": kind, "windows": windows, "tokens_per_window": length,
              "absent": result.absent}
@@ -158,7 +161,9 @@ def needle_request(loaded: LoadedModel, lengths, depths, tiers, progress: Progre
     limits = limits or Limits.from_env()
     lengths, depths = needle_cells(lengths, depths, limits)
     tiers = chosen_tiers(tiers, allow_native=False, peers=True) if tiers else []
-    return needle_grid(loaded, tiers, lengths, depths, until(limits.deadline(), progress, stop))
+    report = until(limits.deadline(), progress, stop)
+    prepared(loaded, tiers, report)
+    return needle_grid(loaded, tiers, lengths, depths, report)
 
 
 def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: Progress | None = None,
@@ -174,7 +179,9 @@ def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: P
     if sum(contexts) * turns > limits.max_memory_tokens:
         raise ValueError(f"{turns} caches x {sum(contexts):,} prompt tokens = {sum(contexts) * turns:,} tokens, more "
                          f"than the {limits.max_memory_tokens:,} allowed per request here: choose fewer")
-    rows = beside_native(memory_rows(loaded, tiers, contexts, new_tokens, until(limits.deadline(), progress, stop)))
+    report = until(limits.deadline(), progress, stop)
+    prepared(loaded, tiers, report)
+    rows = beside_native(memory_rows(loaded, tiers, contexts, new_tokens, report))
     headers = ["prompt tokens", "tier", "attention", "held", "× native held", "peak held", "at rest", "archive"]
     data = [[r["context"], r["tier"], r["mode"], human_bytes(r["held_bytes"]), round(r["held_vs_native"], 3),
              human_bytes(r["peak_held_bytes"]), human_bytes(r["at_rest_bytes"]), human_bytes(r["archive_bytes"])]
@@ -212,13 +219,49 @@ def end_session(session: ChatSession) -> None:
     IDLE.forget(session)
 
 
-def model_shape(pool, name: str) -> tuple[int, int]:
-    """(layers, KV heads) of a model of the pool, for the Inspect sliders at build time; (1, 1) if it cannot load."""
+def model_shape(name: str) -> tuple[int, int]:
+    """(layers, KV heads) of a model, for the Inspect sliders at build time, from its config alone (the weights load
+    in the background); (1, 1) if it cannot be read (the model panel says why when the page loads)."""
     try:
-        info = pool.get(name).info
+        config = model_config(name).get_text_config(decoder=True)
     except (ModelUnavailableError, ValueError, OSError):
-        return 1, 1  # the model panel shows why when the page loads
-    return len(info.layer_types), info.num_kv_heads
+        return 1, 1
+    return config.num_hidden_layers, config.num_key_value_heads
+
+
+def loading_note(pool, name: str) -> str | None:
+    """What a request says while its model is not loaded yet (None once it is): the first start converts it."""
+    if pool.check(name) in pool.loaded_names():
+        return None
+    return f"*Loading {name} (its first start here converts the model once; later starts read the copy) …*"
+
+
+def prepared(loaded: LoadedModel, tiers, report: Progress) -> None:
+    """Wait until every PCA calibration `tiers` need is ready (computed in the background, one at a time), saying
+    so through `report`."""
+    for tier in tiers:
+        if isinstance(tier, Tier):
+            for line in PREPARATION.wait_for(loaded, tier):
+                report(0, 1, f"preparing: {line}")
+
+
+def preparation_text() -> str:
+    """The background preparation still under way, for the tier picker ("" once every tier is ready)."""
+    status = PREPARATION.status_text()
+    return f"Preparing in the background: {status}" if status else ""
+
+
+def chat_request(pool, model_name: str, session: ChatSession, user: str, shown: str, tier: Tier, max_new_tokens: int,
+                 decoded_view: bool, limits: Limits) -> Iterator[tuple[list, list, str, str]]:
+    """One chat turn from the model's name: says at once when the model is still loading (a fresh Space's first
+    request), then chat_stream on it; a decoded view only where asked (else on the codes where the tier allows)."""
+    note = loading_note(pool, model_name)
+    if note:
+        native, codec = chat_panels(session, (shown, "", ""))
+        yield native, codec, note, note
+    with pool.lease(model_name) as loaded:
+        on_codes = False if decoded_view is True else None
+        yield from chat_stream(loaded, session, user, shown, tier, max_new_tokens, on_codes, limits)
 
 
 def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str, tier: Tier, max_new_tokens: int,
@@ -229,6 +272,11 @@ def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str
     """
     deadline = limits.deadline()
     fits_model(tier, loaded.info)
+    for line in PREPARATION.wait_for(loaded, tier):  # a PCA tier's calibration, computed once, in turn
+        deadline.check()
+        native, codec = chat_panels(session, (shown, "", ""))
+        note = f"*Preparing this tier before the turn: {line}*"
+        yield native, codec, note, note
     IDLE.busy(session)  # not evictable while this turn runs
     try:
         turn = session.ask(loaded, user, tier, max_new_tokens, materialization_free, shown, limits.max_prompt_tokens)
@@ -296,6 +344,8 @@ def inspect_request(loaded: LoadedModel, prompt: str, tier: Tier, layer, head, w
     which = one_of(which, "tensor", ("K", "V"))
     layer = whole(layer, "layer", 0, len(loaded.info.layer_types) - 1)
     head = whole(head, "KV head", 0, loaded.info.num_kv_heads - 1)
+    deadline = limits.deadline()
+    prepared(loaded, [tier], lambda *_: deadline.check())  # Inspect shows no progress: it waits
     view = inspect_tier(loaded, prompt_ids(loaded, prompt, limit=limits.max_inspect_tokens), tier, layer=layer,
                         head=head)
     figures = inspect_figures(view)

@@ -12,6 +12,8 @@ from tests.app.served import ROOT, free_port, served
 def app_url(tmp_path_factory):
     env = {**os.environ, "PORT": str(free_port()), "GRADIO_SERVER_NAME": "127.0.0.1", "HF_HUB_OFFLINE": "1",
            "GRADIO_ANALYTICS_ENABLED": "False", "CODECKV_MODELS": "fake/slow-model", "CODECKV_TEST_SLOW_LOAD_S": "40",
+           "CODECKV_PREPARE": "0",  # background preparation has its own test (test_first_use.py); here it would
+           # only compete for the cores with the test's own requests
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with served([sys.executable, "tests/app/serve_watched.py"], env, tmp_path_factory.mktemp("app") / "app.log") as url:
         yield url

@@ -2,6 +2,8 @@
 
     with served([python, "app.py"], env, log_path) as url:
         ...
+    with served_process([python, "app.py"], env, log_path) as (url, process):   # its pid too (/proc/<pid>/status)
+        ...
 """
 
 import contextlib
@@ -26,6 +28,13 @@ def free_port() -> int:
 @contextlib.contextmanager
 def served(command: list[str], env: dict, log: Path):
     """Run `command` from the checkout with env (which must carry PORT); yield its URL once it answers."""
+    with served_process(command, env, log) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def served_process(command: list[str], env: dict, log: Path):
+    """served, yielding (URL, the subprocess.Popen)."""
     url = f"http://127.0.0.1:{env['PORT']}/"
     with log.open("w") as out:
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -41,7 +50,7 @@ def served(command: list[str], env: dict, log: Path):
                 if time.time() > deadline:
                     pytest.fail(f"the app did not answer within {START_SECONDS} s:\n{log.read_text()[-3000:]}")
                 time.sleep(1)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:

@@ -276,13 +276,15 @@ def test_idle_sessions_past_their_memory_bound_give_up_their_caches_and_say_so(m
     assert second.runs == [] and second.evicted, "then the other session was the least recently used"
 
 
-def test_the_inspect_sliders_follow_the_model_and_fall_back_when_it_cannot_load(loaded):
-    class Unloadable:
-        def get(self, name):
-            raise service.ModelUnavailableError(f"{name}: not installed here")
-
-    assert service.model_shape(Unloadable(), "gemma3-270m") == (1, 1)
+def test_the_inspect_sliders_follow_the_models_config_and_fall_back_when_it_cannot_be_read(loaded, monkeypatch):
+    """The app sizes its sliders from the config alone: it serves before the weights have loaded."""
     assert (app.LAYERS, app.KV_HEADS) == (len(loaded.info.layer_types), loaded.info.num_kv_heads) == (30, 3)
+
+    def unreadable(name):
+        raise service.ModelUnavailableError(f"{name}: not installed here")
+
+    monkeypatch.setattr(service, "model_config", unreadable)
+    assert service.model_shape("gemma3-270m") == (1, 1)
 
 
 def test_a_chat_turn_resolves_its_tier_at_the_edge():

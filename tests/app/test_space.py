@@ -46,7 +46,7 @@ def space_url(loaded, fresh_env, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PORT=str(free_port()), GRADIO_SERVER_NAME="127.0.0.1", GRADIO_ANALYTICS_ENABLED="False",
                HF_HUB_OFFLINE="1", HF_HOME=str(work / "hf"), HF_HUB_CACHE=str(work / "hf" / "hub"),
-               CODECKV_CACHE=str(work / "empty"))
+               CODECKV_CACHE=str(work / "empty"), CODECKV_PREPARE="0")  # calibrating: tests/app/test_first_use.py
     env.pop("CODECKV_MODELS", None)
     with served([python, "app.py"], env, work / "app.log") as url:
         yield url

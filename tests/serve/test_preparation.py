@@ -113,3 +113,12 @@ def test_a_failed_calibration_reaches_its_waiters_as_a_clear_error(stand_in):
 def test_eta_reads_in_seconds_then_minutes():
     assert preparation._eta(10, 0.01) == "", "too early to say"
     assert preparation._eta(20, 0.5) == "about 20 s" and preparation._eta(60, 0.25) == "about 3 min"
+
+
+def test_the_operator_can_leave_preparation_to_the_requests(stand_in, monkeypatch):
+    monkeypatch.setenv("CODECKV_PREPARE", "0")
+    prep = Preparation(stand_in)
+    prep.start("smollm2-135m")
+    assert stand_in.order == [] and prep.status_text() == "", "nothing started in the background"
+    list(prep.wait_for(_loaded(), TIERS["pca-8x"]))  # a request still gets its calibration, in turn
+    assert ("calibrate", "pca-8x") in stand_in.order
