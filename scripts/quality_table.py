@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = {"corpus": "", "docstrings": "-docstrings", "prose": "-prose"}
+SOURCES = {"corpus": "", "docstrings": "-docstrings", "bible": "-bible"}
 
 
 def _rows(model: str, source: str) -> dict[str, dict]:
