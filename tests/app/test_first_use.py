@@ -56,7 +56,7 @@ def test_two_first_use_pca_chats_are_answered_with_progress_under_the_peak_bound
         waited = [text for text in stats if text.startswith("*Preparing this tier before the turn:")]
         assert waited, f"{tier}: told what it waited for: {stats[:3]}"
         assert any(f"{tier}: calibrating" in text or f"{tier}: queued" in text for text in waited), waited
-    assert any("calibrating, " in text for _, stats in turns.values() for text in stats), "a progress figure"
         assert f"**{tier}** holds" in stats[-1], f"{tier}: the turn's stats at the end"
+    assert any("calibrating, " in text for _, stats in turns.values() for text in stats), "a progress figure"
     assert (tmp_path / "empty" / "calibration").is_dir(), "the calibrations were saved for the next start"
     assert peak <= PEAK_BOUND_GIB * 2**30, f"process peak {peak / 2**30:.2f} GiB (bound {PEAK_BOUND_GIB} GiB)"
