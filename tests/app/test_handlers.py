@@ -146,13 +146,14 @@ def test_attention_reads_the_codes_by_default_and_the_stats_say_where():
         assert f"attention {WORDS[SHORT_VIEW]}" in codec_stats, "a short chat: the view the cache chose"
     assert "through the codec cache, on the codes" in codec_stats
     *_, codec_stats, _, _, _, _ = _turn(question, tier="jpeg-k8-int8")[-1]
-    assert f"attention {WORDS[SHORT_VIEW]}" in codec_stats, "a DCT tier: a short chat on a view"
+    assert "raw until 2,048 tokens" in codec_stats and "attention on the raw tokens (nothing archived)" in codec_stats, \
+        "a DCT tier reads a decoded view, as large as the raw tokens: a short chat holds them raw, as native"
     assert isinstance(session.runs[1].cache.layers[0], CodedLayer)
     *_, codec_stats, _, _, _, session = _turn(question, tier="turbo-4", decoded_view=True)[-1]
-    assert "attention on a decoded view (asked for)" in codec_stats
+    assert "raw until 2,048 tokens" in codec_stats, "asked for a decoded view: raw while a view would be as large"
     assert type(session.runs[1].cache.layers[0]) is CodecLayer
     native, codec, _, codec_stats, *_ = _turn(question, tier="png")[-1]
-    assert "on a decoded view (no attention kernel reads its key codes" in codec_stats
+    assert "raw at every length" in codec_stats, "png's archive is never smaller than the raw tokens it codes"
     assert codec[-1]["content"] == native[-1]["content"] and "token match **100%**" in codec_stats
 
 
