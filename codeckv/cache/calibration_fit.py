@@ -50,7 +50,8 @@ Progress = Callable[[float, str], None]  # (fraction of this part done, 0..1; wh
 
 SKIP = 4  # leading positions of every calibration window left out of the statistics (attention sinks)
 FISHER_REG = 1e-2  # F + FISHER_REG * mean(diag F) * I before its square root
-SAMPLE_EVERY = 4  # rows kept for the steps and tables: every 4th position of every window
+SAMPLE_EVERY = 4  # rows kept for the steps and tables: every 4th position of every window ...
+SAMPLE_ALL_BELOW = 4096  # ... unless the windows hold fewer positions than this: then every one (a small calibration)
 WATER_SAMPLE_EVERY = 4  # the step's bisection reads every 4th of those (the ladder's rung is then chosen on all)
 HALF_PEAK = 1024.0  # an analysis column is stored in fp16 as column / scale, its largest |value| at HALF_PEAK
 
@@ -157,7 +158,7 @@ def capture_rows(model, ids: torch.Tensor, progress: Progress = _quiet) -> dict[
 
 
 def _capture(model, ids: torch.Tensor, rope: Rope, accumulate, progress: Progress) -> dict[int, torch.Tensor]:
-    """One pass over the windows: per full-attention layer, the (N * ceil((S - SKIP) / SAMPLE_EVERY), d) float32
+    """One pass over the windows: per full-attention layer, the (N * ceil((S - SKIP) / every), d) float32
     sampled rows; with `accumulate`, a backward too, and accumulate(layer, x, g) of each window's rows."""
     if ids.shape[1] <= SKIP + 1:
         raise ValueError(f"calibration windows of {ids.shape[1]} tokens are too short (allowed: > {SKIP + 1})")
@@ -166,7 +167,8 @@ def _capture(model, ids: torch.Tensor, rope: Rope, accumulate, progress: Progres
     full = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
     if not full:
         raise ValueError("the model has no full-attention layer: nothing for a PCA tier to calibrate")
-    per_window = len(range(0, ids.shape[1] - SKIP, SAMPLE_EVERY))
+    every = SAMPLE_EVERY if ids.shape[0] * (ids.shape[1] - SKIP) >= SAMPLE_ALL_BELOW else 1
+    per_window = len(range(0, ids.shape[1] - SKIP, every))
     rows: dict[int, torch.Tensor] = {}
     embed = model.get_input_embeddings()
     for n in range(ids.shape[0]):
@@ -188,7 +190,7 @@ def _capture(model, ids: torch.Tensor, rope: Rope, accumulate, progress: Progres
             x = _vectors(rope, *(t.detach().float() for t in states[2 * j : 2 * j + 2]))
             if index not in rows:
                 rows[index] = torch.empty(ids.shape[0] * per_window, x.shape[1])
-            rows[index][n * per_window : (n + 1) * per_window] = x[::SAMPLE_EVERY]
+            rows[index][n * per_window : (n + 1) * per_window] = x[::every]
             if accumulate:
                 accumulate(index, x, _vectors(rope, *(t.float() for t in found[2 * j : 2 * j + 2])))
     progress(1.0, f"captured {ids.shape[0]} windows")
@@ -319,9 +321,10 @@ def _water_level(ys: dict[int, torch.Tensor], bits_per_element: float) -> float:
     def rate(step: float) -> float:
         return sum(_entropy_bits(ecsq(y, step)) for y in ys.values()) / sum(y.numel() for y in ys.values())
 
-    # From a step that codes every component to 0 down to one whose codes still fit int32 (ecsq's codes).
+    # From a step that codes every component to 0 down to one whose codes still fit the coder's int16 escapes (a
+    # budget the calibration rows cannot reach, e.g. 8 bits on a few rows, then gets the finest such step).
     peak = max(float(y.abs().max()) for y in ys.values()) + 1e-30
-    low, high = peak * 2.0**-30, 2.0 * peak
+    low, high = peak * 2.0**-14, 2.0 * peak
     while high / low > 1.01:  # bisection in log space: the rate falls as the step grows
         mid = math.sqrt(low * high)
         low, high = (mid, high) if rate(mid) > bits_per_element else (low, mid)

@@ -4,14 +4,15 @@
     model.generate(input_ids, cache=cache, max_new_tokens=64)
     cache.footprint()                                            # archive / resident / bf16-reference bytes
     cache = make_cache(loaded, "pca-8x")                         # a LoadedModel: PCA tiers get their calibration
-    cache = make_cache(config, "turbo-4", raw_until=0)           # archive from the first unit (measurements)
+    cache = make_cache(config, "turbo-4", raw_until=None)        # raw until the tier's own N, as the Chat builds it
 
 One codec layer per full-attention layer (cache/layers.py, coded_layer.py, pca_layer.py); other layers
 (sliding window, linear attention) keep their native transformers layer. `materialization_free` picks where
 attention reads the archive (None: the stored codes wherever a kernel reads them, else a decoded view);
 `attention` reports it per layer. docs/architecture.md has the table of modes. Each layer holds its first
-tokens raw, as a native layer, until archiving pays off (`raw_until`: the tier's own N by default, 0 = from the
-first unit; the rule is in cache/layers.py, "Raw until N"); `raw_until` reports it per layer.
+tokens raw, as a native layer, until archiving pays off when asked (`raw_until=None`: the tier's own N, what the
+app's Chat does; the default 0 archives from the first unit; docs/architecture.md, "Raw until N"); `raw_until`
+reports it per layer.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class CodecCache(Cache):
     @classmethod
     def from_config(
         cls, config, tier: Tier | str, materialization_free: bool | None = None,
-        calibration: Calibration | None = None, raw_until: int | None = None, **overrides,
+        calibration: Calibration | None = None, raw_until: int | None = 0, **overrides,
     ) -> CodecCache:
         """Build the cache for a model config; `overrides` replace tier fields (e.g. keep_recent=32).
 
@@ -90,8 +91,8 @@ class CodecCache(Cache):
         with None, decode steps up to SHORT_VIEW_TOKENS read a decoded view (SHORT_VIEW, codeckv/cache/coded_layer.py).
         calibration: the model's Calibration for a PCA tier (codeckv.cache.calibration.calibration_for), required there
         (a list of them for a per-layer schedule mixing PCA tiers: codeckv/cache/schedule.py).
-        raw_until: tokens each codec layer holds raw before it archives; None = the tier's own N (cache/layers.py),
-        0 = archive from the first complete unit.
+        raw_until: tokens each codec layer holds raw before it archives; 0 (default) = archive from the first
+        complete unit, None = the tier's own N (cache/layers.py).
         """
         tier = _tier(tier, overrides)
         if materialization_free is None and not _attends_on_codes(config):
@@ -108,7 +109,7 @@ class CodecCache(Cache):
     @classmethod
     def from_cache(
         cls, cache: Cache, tier: Tier | str, materialization_free: bool | None = None,
-        calibration: Calibration | None = None, raw_until: int | None = None, **overrides,
+        calibration: Calibration | None = None, raw_until: int | None = 0, **overrides,
     ) -> CodecCache:
         """Convert a native cache (e.g. a DynamicCache right after a prefill) into a codec cache, in one go.
 
@@ -276,14 +277,15 @@ def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibratio
 
 def make_cache(source, tier: Tier | str, materialization_free: bool | None = None,
                calibration: Calibration | None = None, attention_mask: torch.Tensor | None = None,
-               per_layer: dict | None = None, raw_until: int | None = None, **overrides) -> Cache:
+               per_layer: dict | None = None, raw_until: int | None = 0, **overrides) -> Cache:
     """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache.
 
     materialization_free: None (default) = attention on the stored codes wherever the tier allows
     (view_reason says why not), False = keep a decoded view, True = on the codes.
-    raw_until: None (default) = each layer holds its tokens raw until the tier's archive pays off (its own N,
-    cache/layers.py "Raw until N"), 0 = archive from the first complete unit (what a measurement of the codec
-    wants), or any token count.
+    raw_until: 0 (default) = archive from the first complete unit (what a measurement of the codec wants); None =
+    each layer holds its tokens raw until the tier's archive pays off (its own N, cache/layers.py "Raw until N":
+    what the app's Chat and `python -m codeckv memory` build, so a short chat never holds more than native); or
+    any token count.
 
     source: a model config, or a LoadedModel (codeckv.load_model), from which a PCA tier's calibration is
     loaded or computed when none is given (codeckv.cache.calibration.calibration_for).

@@ -36,7 +36,7 @@ class CodedLayer(CodecLayer):
     path asks for it); False = the codes always. raw_until: as CodecLayer's.
     """
 
-    def __init__(self, tier: Tier, short_view: bool = False, raw_until: int | None = None) -> None:
+    def __init__(self, tier: Tier, short_view: bool = False, raw_until: int | None = 0) -> None:
         self.short_view = short_view
         super().__init__(tier, raw_until)
 

@@ -13,11 +13,11 @@ the archive. A unit is lcm(key block, value block, MIN_ARCHIVE_TOKENS) tokens.
 
 Raw until N. A layer that has archived nothing holds its tokens as a native layer does (exact-size, the same
 bytes) while it holds fewer than `raw_until` tokens; from then on it archives every complete unit, the first
-tokens included, as a layer that archived from the start would. `raw_until=0` archives from the first unit (what
-the quality measurements score); the default is the tier's own N (`own_raw_until`): the first unit on the codes
-(8 or 32 tokens), SHORT_VIEW_TOKENS for a layer that reads a decoded view (beside a view an archive pays off only
-at rest), never for png. docs/architecture.md, "Raw until N", gives the rule and why. Past N the buffers grow by a
-fraction of what they hold, with no fixed minimum.
+tokens included, as a layer that archived from the start would. `raw_until=0`, the default, archives from the
+first unit (what the measurements score); `raw_until=None` (the Chat's) is the tier's own N (`own_raw_until`):
+the first unit on the codes (8 or 32 tokens), SHORT_VIEW_TOKENS for a layer that reads a decoded view (beside
+a view an archive pays off only at rest), never for png. docs/architecture.md, "Raw until N", gives the rule
+and why. Past N the buffers grow by a fraction of what they hold, with no fixed minimum.
 
 - CodecLayer decodes each archived unit once into the view that attention reads, so a decode step costs O(one
   block): no full-length copy or re-decode per step.
@@ -95,9 +95,9 @@ class CodecLayer(DynamicLayer):
     is_croppable = True
     variable_length: tuple[str, ...] = ()  # names of export_state tensors whose length differs across layers
 
-    def __init__(self, tier: Tier, raw_until: int | None = None) -> None:
-        """raw_until: tokens held raw before the layer archives (0: from the first complete unit); None: the
-        tier's own N (module docstring, "Raw until N"), settled at the first update."""
+    def __init__(self, tier: Tier, raw_until: int | None = 0) -> None:
+        """raw_until: tokens held raw before the layer archives (0, the default: from the first complete unit); None:
+        the tier's own N (module docstring, "Raw until N"), settled at the first update."""
         super().__init__()
         if tier.key is None or tier.value is None:
             raise ValueError(f"tier '{tier.name}' does not encode both keys and values; native layers use "

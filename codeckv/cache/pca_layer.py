@@ -33,7 +33,7 @@ class PCALayer(CodecLayer):
 
     variable_length = ("streams",)  # entropy-coded bytes: concatenated over layers in a file (cache/saved_format.py)
 
-    def __init__(self, tier: Tier, coder: LayerCoder, share: float = 1.0, raw_until: int | None = None) -> None:
+    def __init__(self, tier: Tier, coder: LayerCoder, share: float = 1.0, raw_until: int | None = 0) -> None:
         """share: this layer's share of the tier's bits per element (codeckv.cache.calibration.budget_shares);
         raw_until: as CodecLayer's."""
         DynamicLayer.__init__(self)

@@ -73,7 +73,8 @@ def memory_row(loaded: LoadedModel, tier: Tier, mode: str, context: int, new_tok
     if ids is None:
         ids = corpus_windows(loaded.tokenizer, 1, context)
     ids = ids[:, :context].to(loaded.model.device)
-    cache = make_cache(loaded, tier, materialization_free={"native": None, "codes": True, "view": False}[mode])
+    cache = make_cache(loaded, tier, materialization_free={"native": None, "codes": True, "view": False}[mode],
+                       raw_until=None)  # as the Chat builds it: raw until the tier's own N
     start = time.perf_counter()
     peak = 0
     for lo in range(0, context, PREFILL_CHUNK):

@@ -76,7 +76,7 @@ def resume_table(loaded: LoadedModel, tiers: list[Tier], contexts: list[int], qu
             next_logits(loaded.model, ids[:, lo : min(context, lo + PREFILL_CHUNK)], native)
         native_bytes = footprint(native).archive_bytes
         for tier in tiers:
-            cache = CodecCache.from_cache(native, tier, None, calibration_for(loaded, tier))
+            cache = CodecCache.from_cache(native, tier, None, calibration_for(loaded, tier), raw_until=None)
             cache.compact()
             path = folder / f"{tier.name}-{context}.kvc"
             size = cache.save(path, ids[:, :context], loaded)

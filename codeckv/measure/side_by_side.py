@@ -85,7 +85,7 @@ class Run:
 
     def __init__(self, loaded: LoadedModel, label: str, tier: Tier, materialization_free: bool | None = None) -> None:
         self.loaded, self.label, self.tier, self.materialization_free = loaded, label, tier, materialization_free
-        self.cache = make_cache(loaded, tier, materialization_free)
+        self.cache = make_cache(loaded, tier, materialization_free, raw_until=None)  # the tier's own N
         self.held = 0  # tokens the cache holds
         self.start_turn(0, 0)
 
@@ -192,7 +192,8 @@ def filled_from(native: Cache, run: Run) -> Cache:
     """A cache for run's tier holding what `native` holds (converted in one batched encode), native left as it was."""
     if run.tier.is_native:
         return copy.deepcopy(native)
-    return CodecCache.from_cache(native, run.tier, run.materialization_free, calibration_for(run.loaded, run.tier))
+    return CodecCache.from_cache(native, run.tier, run.materialization_free, calibration_for(run.loaded, run.tier),
+                                 raw_until=None)
 
 
 def stream_turn(

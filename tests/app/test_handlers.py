@@ -146,7 +146,8 @@ def test_attention_reads_the_codes_by_default_and_the_stats_say_where():
         assert f"attention {WORDS[SHORT_VIEW]}" in codec_stats, "a short chat: the view the cache chose"
     assert "through the codec cache, on the codes" in codec_stats
     *_, codec_stats, _, _, _, _ = _turn(question, tier="jpeg-k8-int8")[-1]
-    assert "raw until 2,048 tokens" in codec_stats and "attention on the raw tokens (nothing archived)" in codec_stats, \
+    assert "raw until 2,048 tokens" in codec_stats, "a DCT tier reads a view: raw while a view is as large"
+    assert "attention on the raw tokens (nothing archived)" in codec_stats, \
         "a DCT tier reads a decoded view, as large as the raw tokens: a short chat holds them raw, as native"
     assert isinstance(session.runs[1].cache.layers[0], CodedLayer)
     *_, codec_stats, _, _, _, session = _turn(question, tier="turbo-4", decoded_view=True)[-1]

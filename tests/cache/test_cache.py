@@ -43,7 +43,8 @@ def test_a_layer_holds_what_native_holds_until_its_own_n_then_archives(tier, mod
     monkeypatch.setattr("codeckv.cache.coded_layer.attention_compiled", lambda *_: False)  # a short view's case
     on_codes, view = OWN_N.get(tier, (8, SHORT))
     want = on_codes if mode == "codes" else view
-    layer = CodecLayer(TIERS[tier]) if mode == "view" else CodedLayer(TIERS[tier], short_view=mode == "short view")
+    layer = (CodecLayer(TIERS[tier], raw_until=None) if mode == "view"
+             else CodedLayer(TIERS[tier], short_view=mode == "short view", raw_until=None))
     native = DynamicLayer()
     torch.manual_seed(0)
     archived_at = None
@@ -70,7 +71,7 @@ def test_a_cache_says_raw_until_n_per_layer_and_archives_from_the_start_when_ask
 
     use_codec_attention(tiny_gemma3)  # its CodedLayers attend on the codes
     config = tiny_gemma3.config
-    own = make_cache(config, "turbo-4", True, per_layer={5: "int8"})
+    own = make_cache(config, "turbo-4", True, per_layer={5: "int8"}, raw_until=None)
     asked = make_cache(config, "turbo-4", False, per_layer={5: "int8"}, raw_until=0)
     ids = torch.randint(0, 128, (1, 20), generator=torch.Generator().manual_seed(5))
     native = DynamicCache(config=config)
