@@ -78,8 +78,9 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 LABEL_OFFSETS = [(0, -30), (0, 30), (60, -24), (60, 24), (-60, -24), (-60, 24), (80, 0), (-80, 0),
                  (0, -55), (0, 55), (90, -45), (-90, -45), (90, 45), (-90, 45), (130, 0), (-130, 0),
-                 (0, -80), (0, 80), (120, -70), (-120, -70), (120, 70), (-120, 70)]  # pixels, nearest first
-LABEL_CHAR_PX, LABEL_HEIGHT_PX, MARKER_PX = 8.5, 24.0, 18.0  # a 14 px label's character and line (with room), a marker
+                 (0, -80), (0, 80), (120, -70), (-120, -70), (120, 70), (-120, 70),
+                 (0, -110), (0, 110), (170, 0), (-170, 0), (160, -100), (-160, -100)]  # pixels, nearest first
+LABEL_CHAR_PX, LABEL_HEIGHT_PX, MARKER_PX = 9.0, 24.0, 18.0  # a 14 px label's character and line (with room), a marker
 
 
 def place_labels(xs: list[float], ys: list[float], labels: list[str], x_range: tuple[float, float],
@@ -171,7 +172,8 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
     y_range = (low - 0.08 * (y_cap - low), y_cap * 1.08)
     x_low, x_high = min(xs + [1.0]), max(xs + [1.0])  # the bf16 line is always drawn
     x_range = (x_low - 0.06 * (x_high - x_low), x_high + 0.06 * (x_high - x_low))
-    labels = [r["tier"] + (f" ({y:.3g})" if y > y_cap else "") for r, y in zip(rows, ys)]
+    # llama.cpp's rows by their KV type alone ("q4_0"): the legend names the engine, and short labels find room
+    labels = [r["tier"].removeprefix("llamacpp-") + (f" ({y:.3g})" if y > y_cap else "") for r, y in zip(rows, ys)]
     for i, (ax, ay) in enumerate(place_labels(xs, shown, labels, x_range, y_range)):
         fig.add_annotation(x=xs[i], y=shown[i], text=labels[i], ax=ax, ay=ay, showarrow=True, arrowhead=0,
                            arrowwidth=1, arrowcolor="#9ca3af", font=dict(size=14))

@@ -145,7 +145,7 @@ class ChatSession:
         load_s = time.perf_counter() - start
         tier, free = saved.cache.tier, bool(saved.header["materialization_free"])
         restore_s = saved.cache.restore()
-        native, codec = Run(loaded, NATIVE, get_tier(NATIVE)), Run(loaded, tier.name, tier, free)
+        native, codec = Run(loaded, NATIVE, get_tier(NATIVE)), Run(loaded, tier.name, tier, free, raw_until=None)
         start = time.perf_counter()
         with torch.inference_mode():
             for lo in range(0, ids.shape[1], PREFILL_CHUNK):
@@ -201,7 +201,8 @@ class ChatSession:
         if setup != self.setup or self.in_turn:
             self.release()
             self.setup = setup
-            self.runs = [Run(loaded, NATIVE, get_tier(NATIVE)), Run(loaded, tier.name, tier, materialization_free)]
+            self.runs = [Run(loaded, NATIVE, get_tier(NATIVE)),
+                         Run(loaded, tier.name, tier, materialization_free, raw_until=None)]  # raw until its N
         self.restore_seconds = sum(r.cache.restore() for r in self.runs if isinstance(r.cache, CodecCache))
         keep = min(common_prefix(self.held, ids[0].tolist()), ids.shape[1] - 1)  # always prefill a token
         for run in self.runs:

@@ -83,9 +83,13 @@ def prompt_ids(loaded: LoadedModel, prompt: Prompt, max_new_tokens: int = 0, lim
 class Run:
     """One cache in a side-by-side turn: its prefill, decode steps and teacher forcing, timed."""
 
-    def __init__(self, loaded: LoadedModel, label: str, tier: Tier, materialization_free: bool | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, label: str, tier: Tier, materialization_free: bool | None = None,
+                 raw_until: int | None = 0) -> None:
+        """raw_until: 0 archives from the first unit (a sweep, the needle: the codec itself); None holds the tokens
+        raw until the tier's own N (the Chat: a short chat never holds more than native; cache/layers.py)."""
         self.loaded, self.label, self.tier, self.materialization_free = loaded, label, tier, materialization_free
-        self.cache = make_cache(loaded, tier, materialization_free, raw_until=None)  # the tier's own N
+        self.raw_until = raw_until
+        self.cache = make_cache(loaded, tier, materialization_free, raw_until=raw_until)
         self.held = 0  # tokens the cache holds
         self.start_turn(0, 0)
 
@@ -193,7 +197,7 @@ def filled_from(native: Cache, run: Run) -> Cache:
     if run.tier.is_native:
         return copy.deepcopy(native)
     return CodecCache.from_cache(native, run.tier, run.materialization_free, calibration_for(run.loaded, run.tier),
-                                 raw_until=None)
+                                 raw_until=run.raw_until)
 
 
 def stream_turn(
