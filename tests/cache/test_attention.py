@@ -78,12 +78,12 @@ def test_attention_on_the_codes_predicts_what_the_materialized_cache_does(loaded
 def test_the_default_path_holds_a_short_context_raw_or_when_asked_decodes_it_on_a_view_like_the_codes(
     loaded, long_prompt, codec_attention_model
 ):
-    """A DCT tier on the CPU would decode a short context on a view (no compiled kernel reads its codes): the default
-    path holds it raw instead, predicting and holding what native does; with raw_until=0 it archives and decodes on
-    that view, with the predictions of the codes."""
+    """A DCT tier on the CPU would decode a short context on a view (no compiled kernel reads its codes): raw until
+    the tier's own N (raw_until=None, the Chat's) holds it raw instead, predicting and holding what native does; the
+    default, raw_until=0, archives and decodes on that view, with the predictions of the codes."""
     config = loaded.model.config
     tokens = _greedy(codec_attention_model, long_prompt, make_cache(config, "jpeg-k8-int8", True), 16)[0]
-    raw, native = make_cache(config, "jpeg-k8-int8"), DynamicCache(config=config)
+    raw, native = make_cache(config, "jpeg-k8-int8", raw_until=None), DynamicCache(config=config)
     got = _predictions(codec_attention_model, long_prompt, raw, tokens)
     assert torch.equal(got, _predictions(codec_attention_model, long_prompt, native, tokens)), "raw: native's"
     assert held_bytes(raw) == held_bytes(native) and set(raw.raw_until.values()) == {SHORT_VIEW_TOKENS}
