@@ -148,12 +148,12 @@ def memory_row_isolated(model: str | None, tier: Tier, mode: str, context: int, 
     return MemoryRow(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def _rss(field: str) -> int:
-    """A /proc/self/status field (VmRSS, VmHWM) in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+def proc_status_bytes(field: str, pid: int | str = "self") -> int:
+    """A /proc/<pid>/status field (VmRSS, VmHWM) in bytes (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
+    raise RuntimeError(f"/proc/{pid}/status has no {field}")
 
 
 def _isolated(request: dict) -> MemoryRow:
@@ -173,13 +173,13 @@ def _isolated(request: dict) -> MemoryRow:
         before = torch.cuda.memory_allocated(loaded.model.device)
     else:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-        before = _rss("VmRSS")
+        before = proc_status_bytes("VmRSS")
     row = memory_row(loaded, tier, request["mode"], request["context"], request["new_tokens"], ids)
     if cuda:
         row.process_peak_bytes = torch.cuda.max_memory_allocated(loaded.model.device) - before
         row.process_peak_source = "cuda max_memory_allocated over the turn, less what was allocated before"
     else:
-        row.process_peak_bytes = _rss("VmHWM") - before
+        row.process_peak_bytes = proc_status_bytes("VmHWM") - before
         row.process_peak_source = "peak RSS (VmHWM) growth of a fresh process over the turn (weights loaded before)"
     return row
 

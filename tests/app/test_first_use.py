@@ -7,21 +7,15 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from gradio_client import Client
 
+from codeckv.measure.memory import proc_status_bytes
 from tests.app.served import ROOT, free_port, served_process
 
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]  # the Advanced knobs, unused
 PEAK_BOUND_GIB = 4.0  # docs/deploying.md, "First use": two first-use PCA chats at once
 ANSWER_SECONDS = 900  # conversion and one calibration pass on 2 busy cores, with margin
-
-
-def _peak_rss(pid: int) -> int:
-    """VmHWM of a process, in bytes."""
-    line = next(li for li in Path(f"/proc/{pid}/status").read_text().splitlines() if li.startswith("VmHWM:"))
-    return int(line.split()[1]) * 1024
 
 
 def _text(message) -> str:
@@ -50,7 +44,7 @@ def test_two_first_use_pca_chats_are_answered_with_progress_under_the_peak_bound
     with served_process([sys.executable, "app.py"], env, tmp_path / "app.log") as (url, process):
         with ThreadPoolExecutor(2) as pool:
             turns = dict(zip(("pca-8x", "pca-16x"), pool.map(lambda tier: _chat(url, tier), ("pca-8x", "pca-16x"))))
-        peak = _peak_rss(process.pid)
+        peak = proc_status_bytes("VmHWM", process.pid)
     for tier, (codec, stats) in turns.items():
         assert codec and _text(codec[-1]).strip(), f"{tier}: answered"
         waited = [text for text in stats if text.startswith("*Preparing this tier before the turn:")]
