@@ -1,7 +1,5 @@
-"""KV Codec Studio: Gradio layout and event wiring only; every number and figure comes from codeckv (its serve/
-package does what each request asks). `python app.py` serves on $GRADIO_SERVER_NAME:$PORT (127.0.0.1:7860) and
-starts preparing the default model and its PCA calibrations in the background (codeckv/serve/preparation.py).
-"""
+"""KV Codec Studio: Gradio layout and event wiring only (every number comes from codeckv; serve/ does each request).
+`python app.py` serves on $GRADIO_SERVER_NAME:$PORT and prepares the model and its PCA tiers in the background."""
 
 from __future__ import annotations
 
@@ -253,8 +251,9 @@ PREPARATION_TICK_SECONDS = 2
 
 
 def tier_picker_info():
-    """The tier picker says what the background preparation is doing (a calibration's progress), if anything."""
-    return gr.update(info=preparation_text() or TIER_INFO)
+    """The tier picker says what the background preparation is doing; its timer stops once nothing is."""
+    text = preparation_text()
+    return gr.update(info=text or TIER_INFO), gr.Timer(active=bool(text))
 
 LAYERS, KV_HEADS = model_shape(MODELS[0])
 
@@ -277,7 +276,8 @@ with gr.Blocks(title="KV Codec Studio") as demo:
                 label="keep a decoded view (opt-in; by default attention reads the stored codes)", value=False,
                 scale=1,
             )
-        gr.Timer(PREPARATION_TICK_SECONDS).tick(tier_picker_info, None, tier_name, show_progress="hidden")
+        preparing = gr.Timer(PREPARATION_TICK_SECONDS)
+        preparing.tick(tier_picker_info, None, [tier_name, preparing], show_progress="hidden")
         chat_advanced = advanced_settings()
         with gr.Accordion("Long document: ask about a text, so the archive holds most of the context", open=False):
             with gr.Row():

@@ -309,3 +309,12 @@ def test_a_chat_turn_resolves_its_tier_at_the_edge():
             sys.setprofile(None)
         assert updates[-1][1][-1]["content"], f"{tier}: the turn answered"
         assert len(entered) <= 2, f"{tier}: as_tier entered from {entered}"
+
+
+def test_the_tier_picker_timer_stops_once_nothing_is_prepared(monkeypatch):
+    monkeypatch.setattr(app, "preparation_text", lambda: "Preparing in the background: pca-8x: calibrating, 40%")
+    info, timer = app.tier_picker_info()
+    assert "calibrating, 40%" in info["info"] and timer.active, "while a tier is prepared, the picker says so"
+    monkeypatch.setattr(app, "preparation_text", lambda: "")
+    info, timer = app.tier_picker_info()
+    assert info["info"] == app.TIER_INFO and not timer.active, "then the timer stops: no poll per tab forever"
