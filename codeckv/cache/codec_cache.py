@@ -361,7 +361,7 @@ def steady_state_ratio(tier: Tier | str, head_dim: int, dtype: torch.dtype = tor
     if tier.joint is not None:
         raise ValueError(f"tier '{tier.name}' stores entropy-coded, calibrated codes: its ratio depends on the model "
                          "and the text, read Footprint.steady_state_ratio of a real cache (allowed: a per-tensor tier)")
-    layer = CodecLayer(dataclasses.replace(tier, keep_first=0, keep_recent=0), raw_until=0)
+    layer = CodecLayer(dataclasses.replace(tier, keep_first=0, keep_recent=0))
     x = torch.randn(1, 1, layer.unit, head_dim, generator=torch.Generator().manual_seed(0)).to(dtype)
     layer.update(x, x.clone())
     layer.flush()

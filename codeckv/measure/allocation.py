@@ -132,7 +132,7 @@ def fisher_scores(model, ids: torch.Tensor, rungs: list[Tier]) -> dict[tuple[int
 
 def _coded(tier: Tier, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, H, S, D) keys and values as a cache layer of `tier` holds them after a prefill and a flush."""
-    layer = CodecLayer(tier, raw_until=0)  # the codec itself, whatever the length (cache/layers.py, "Raw until N")
+    layer = CodecLayer(tier)
     layer.update(keys, values)
     layer.flush()
     return layer.keys.float(), layer.values.float()

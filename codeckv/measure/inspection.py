@@ -191,10 +191,10 @@ def _coded(tier: Tier, keys: torch.Tensor, values: torch.Tensor, index: int, cal
     """A codec layer of the plain `tier` holding K, V (H, S, D) as a prefill leaves them, archived where it would."""
     if tier.joint is not None:
         calibration = _calibration_of(calibration, tier)
-    if tier.joint is None:  # raw_until=0: the codec itself, whatever the text's length (cache/layers.py)
-        layer = CodecLayer(tier, raw_until=0)
+    if tier.joint is None:
+        layer = CodecLayer(tier)
     else:  # the share a cache of this tier on every layer gives it
-        layer = PCALayer(tier, calibration.coders[index], budget_shares(calibration)[index], raw_until=0)
+        layer = PCALayer(tier, calibration.coders[index], budget_shares(calibration)[index])
     layer.update(keys[None], values[None])  # (1, H, S, D) prefill, raw
     layer.flush()  # archive every complete block outside the sinks and the recent window, decode in place
     return layer

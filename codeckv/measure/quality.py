@@ -126,8 +126,8 @@ def measure_quality(
 
     reference, scores, caches = None, {}, {}
     for group in groups:
-        built = [make_peer_cache(loaded, tier) if isinstance(tier, Peer)  # raw_until=0: score the codec, never raw
-                 else make_cache(loaded, tier, materialization_free=SCORING_ON_CODES, raw_until=0) for tier in group]
+        built = [make_peer_cache(loaded, tier) if isinstance(tier, Peer)
+                 else make_cache(loaded, tier, materialization_free=SCORING_ON_CODES) for tier in group]
         names = f"{len(group)} caches in one batch, {group[0].name} to {group[-1].name}" if group[1:] else group[0].name
         reference, got = lockstep(loaded.model, data, built, prefix, reference, step(names))
         for tier, cache, tier_scores in zip(group, built, got):
