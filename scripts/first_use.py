@@ -6,7 +6,8 @@ the answer, and the server's peak memory, on an empty cache and then with the ba
 Each scenario starts `python app.py` on a free local port with $CODECKV_CACHE pointing at a folder (empty for
 the first ones: the model is converted and its PCA tiers calibrated while the app already serves), sends chats
 through gradio_client ("What is the capital of France?", 16 new tokens) and reads the server's peak RSS
-(VmHWM, /proc/<pid>/status) when they are answered. Scenarios:
+(VmHWM, /proc/<pid>/status) when they are answered, and again once the background preparation has saved every
+PCA tier (the whole first use: conversion, calibration and the chats). Scenarios:
 
     fresh, pca-8x              one chat on an empty cache
     fresh, pca-8x + pca-16x    two chats at once, two PCA tiers, on an empty cache
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the capital of France?"
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]  # the Advanced accordion untouched
 START_SECONDS = 120
+PREPARED_SECONDS = 900
 
 
 def _port() -> int:
@@ -50,6 +52,21 @@ def _peak_rss(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"/proc/{pid}/status has no VmHWM")
+
+
+def _prepared(cache: Path, started: float) -> float:
+    """Wait until the background preparation has saved every PCA tier's calibration: seconds since the app started."""
+    sys.path.insert(0, str(ROOT))
+    from codeckv.cache.calibration import calibration_path
+    from codeckv.tiers import TIERS
+
+    files = [cache / "calibration" / calibration_path("smollm2-135m", t.joint).name
+             for t in TIERS.values() if t.joint is not None]
+    while not all(f.exists() for f in files):
+        if time.perf_counter() - started > PREPARED_SECONDS:
+            raise RuntimeError(f"the PCA tiers were not prepared within {PREPARED_SECONDS} s")
+        time.sleep(0.5)
+    return time.perf_counter() - started
 
 
 def _chat(url: str, tier: str, tokens: int) -> dict:
@@ -93,11 +110,13 @@ def scenario(label: str, cache: Path, tiers: list[str], tokens: int, log: Path) 
         with ThreadPoolExecutor(len(tiers)) as pool:
             rows = list(pool.map(lambda tier: _chat(url, tier, tokens), tiers))
         peak = _peak_rss(proc.pid)
+        prepared = _prepared(cache, started)
+        whole = _peak_rss(proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return [{"scenario": label, **row, "serving_after_s": round(serving, 1), "peak_rss_mib": peak >> 20}
-            for row in rows]
+    return [{"scenario": label, **row, "serving_after_s": round(serving, 1), "peak_rss_mib": peak >> 20,
+             "prepared_after_s": round(prepared, 1), "peak_rss_prepared_mib": whole >> 20} for row in rows]
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
     calibration = calibration_for(loaded, TIERS["pca-8x"])  # from memory, from disk, or computed and saved
     calibrations = calibrate_all(loaded)                    # every PCA tier of TIERS, in one pass where missing
     calibration_for(loaded, tier, progress=lambda fraction, message: ...)   # see a computation advance
+    calibration = ready_or_deferred(loaded, tier)           # the Chat's: ready now, or read at the first archive
     calibration_status("smollm2-135m")  # {"pca-8x": CalibrationStatus("running", 0.4, "capturing window 13 of 32")}
     calibration = calibrate(model, ids, JointPCA(1.5))      # the computation alone, on any (N, S) token ids
 
@@ -11,6 +12,8 @@ adds: its step, its kept components, its entropy tables (cache/calibration_fit.p
 the calibration text serves every tier: computing one PCA tier computes every PCA tier of TIERS calibrated on the
 same text, and saves, under $CODECKV_CACHE/calibration, one basis file per model (fp16) and one small file per tier.
 At most one calibration computes at a time in a process; others wait for it, and calibration_status shows them.
+A cache that holds its tokens raw until its N (cache/pca_layer.py) needs no coder before it first archives: it can
+take a Deferred calibration (ready_or_deferred), read or computed at that moment, so a short chat never waits for one.
 
 Calibration text (calibration_windows): half its windows the last tokens of the embedded corpus, half spread over
 the King James Bible's New Testament (codeckv/corpus.py). Quality windows read a text from its start (the corpus,
@@ -146,6 +149,36 @@ def calibration_for(loaded, tier: Tier, compute: bool = True,
     if tier.joint is None:
         return None
     return calibrate_all(loaded, [tier], compute, progress)[tier.name]
+
+
+class Deferred:
+    """A plain PCA tier's calibration on a LoadedModel, read from memory or disk (or computed) when first resolved."""
+
+    def __init__(self, loaded, tier: Tier) -> None:
+        self.loaded, self.tier = loaded, tier
+        self._lock = threading.Lock()
+        self._calibration: Calibration | None = None
+
+    @property
+    def spec(self) -> JointPCA:
+        return self.tier.joint
+
+    def resolve(self) -> Calibration:
+        with self._lock:
+            if self._calibration is None:
+                self._calibration = calibration_for(self.loaded, self.tier)
+            return self._calibration
+
+
+def ready_or_deferred(loaded, tier: Tier) -> Calibration | Deferred | list[Calibration] | None:
+    """`tier`'s calibration when it is ready (in memory or saved); a Deferred one for a plain PCA tier whose is not;
+    otherwise as calibration_for (None for a tier that needs none, a schedule's list computed where missing)."""
+    if tier.joint is not None and not tier.per_layer:
+        try:
+            return calibration_for(loaded, tier, compute=False)
+        except ValueError:  # not computed yet: read (or computed) at the cache's first archive
+            return Deferred(loaded, tier)
+    return calibration_for(loaded, tier)
 
 
 def calibrate_all(loaded, tiers: list[Tier] | None = None, compute: bool = True,

@@ -172,7 +172,7 @@ def _capture(model, ids: torch.Tensor, rope: Rope, accumulate, progress: Progres
     rows: dict[int, torch.Tensor] = {}
     embed = model.get_input_embeddings()
     for n in range(ids.shape[0]):
-        _release_freed_memory()
+        release_freed_memory()
         progress(n / ids.shape[0], f"capturing window {n + 1} of {ids.shape[0]}")
         window = ids[n : n + 1].to(model.device)
         layers = [_CapturingLayer() if i in full else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kw)
@@ -197,7 +197,7 @@ def _capture(model, ids: torch.Tensor, rope: Rope, accumulate, progress: Progres
     return rows
 
 
-def _release_freed_memory() -> None:
+def release_freed_memory() -> None:
     """Hand the memory the last window's forward + backward freed back to the system (glibc keeps it otherwise, and
     the next window's allocations, of other sizes, land beside it: the process peak grew ~0.8 GB over 3 windows)."""
     if _LIBC is not None:

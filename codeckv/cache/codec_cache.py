@@ -30,7 +30,7 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
-from codeckv.cache.calibration import Calibration, budget_shares, calibration_for
+from codeckv.cache.calibration import Calibration, Deferred, budget_shares, calibration_for
 from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.flush import flush_layers
 from codeckv.cache.footprint import Footprint, LayerFootprint
@@ -40,6 +40,7 @@ from codeckv.cache.pca_layer import PCALayer
 from codeckv.cache.saved_format import save_cache
 from codeckv.cache.schedule import layer_tiers, schedule
 from codeckv.codecs.layout import NoRowLayout
+from codeckv.codecs.pca import LayerCoder
 from codeckv.loaded import LoadedModel
 from codeckv.tiers import Tier, as_tier
 
@@ -90,7 +91,8 @@ class CodecCache(Cache):
         attends through codeckv.cache.attention (load_model does that; else use_codec_attention(model)), else the view;
         with None, decode steps up to SHORT_VIEW_TOKENS read a decoded view (SHORT_VIEW, codeckv/cache/coded_layer.py).
         calibration: the model's Calibration for a PCA tier (codeckv.cache.calibration.calibration_for), required there
-        (a list of them for a per-layer schedule mixing PCA tiers: codeckv/cache/schedule.py).
+        (a list of them for a per-layer schedule mixing PCA tiers: codeckv/cache/schedule.py), or a Deferred one
+        resolved at the first archive (calibration.ready_or_deferred: with raw_until=None, a short chat needs none).
         raw_until: tokens each codec layer holds raw before it archives; 0 (default) = archive from the first
         complete unit, None = the tier's own N (cache/layers.py).
         """
@@ -225,7 +227,7 @@ def _codec_layer(tier: Tier, materialization_free: bool | None, calibration, lay
     """
     plain = {t for t in layer_tiers(tier, layer_types) if t is not None and not t.is_native}
     pca = [t for t in plain if t.joint is not None]
-    if isinstance(calibration, Calibration) and len(pca) == 1:
+    if isinstance(calibration, Calibration | Deferred) and len(pca) == 1:
         calibrations = {pca[0].joint: calibration}  # one PCA tier: the calibration given is its own
     else:
         calibrations = _by_spec(calibration)
@@ -267,12 +269,20 @@ def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibratio
     if calibration is None:
         raise ValueError(f"tier '{tier.name}' needs the model's calibration: make_cache(loaded, '{tier.name}') with a "
                          "LoadedModel, or calibration=codeckv.cache.calibration.calibration_for(loaded, tier)")
+    if isinstance(calibration, Deferred):  # resolved at the first archive (the checks then)
+        return lambda index: PCALayer(tier, None, raw_until=raw_until,
+                                      later=lambda: _coder_and_share(calibration.resolve(), layer_types, layers, index))
+    return lambda index: PCALayer(tier, *_coder_and_share(calibration, layer_types, layers, index), raw_until)
+
+
+def _coder_and_share(calibration: Calibration, layer_types: list[str], layers: list[int],
+                     index: int) -> tuple[LayerCoder, float]:
+    """Layer `index`'s coder and its share of the budget among `layers`, once the calibration fits this model."""
     missing = [i for i, kind in enumerate(layer_types) if kind == "full_attention" and i not in calibration.coders]
     if missing:
         raise ValueError(f"the calibration of '{calibration.model}' has no coder for full-attention layers {missing} "
                          f"of this model (allowed: the model it was calibrated on)")
-    shares = budget_shares(calibration, layers)
-    return lambda index: PCALayer(tier, calibration.coders[index], shares[index], raw_until)
+    return calibration.coders[index], budget_shares(calibration, layers)[index]
 
 
 def make_cache(source, tier: Tier | str, materialization_free: bool | None = None,

@@ -12,20 +12,31 @@ decoded view that attention reads — with two differences:
   At rest (`compact()`) the layer keeps the chunks and its raw tokens only; restoring decodes the chunks again.
 
 Like every layer with a decoded view it holds a short context raw (codeckv/cache/layers.py, "Raw until N"); its
-archive is smaller than the raw tokens whenever the tier's bits per element are fewer than the dtype's.
+archive is smaller than the raw tokens whenever the tier's bits per element are fewer than the dtype's. Holding a
+short context raw needs no coder: a layer built with `later` instead of a coder (a Deferred calibration, whose
+computation a short chat need not wait for) calls it at its first archive, and holds raw until
+tokens_before_coder(tier) tokens, checking then that its archive pays off.
 
 Beam search (batch reordering) and the materialization-free mode are not supported.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from codeckv.cache.layers import MIN_ARCHIVE_TOKENS, CodecLayer, RawTokens
+from codeckv.cache.layers import MIN_ARCHIVE_TOKENS, SHORT_VIEW_TOKENS, CodecLayer, RawTokens
 from codeckv.codecs.base import Encoded
 from codeckv.codecs.pca import Chunk, LayerCoder, archive_layers, spent
 from codeckv.tiers import Tier
+
+
+def tokens_before_coder(tier: Tier) -> int:
+    """Tokens a PCA layer asked to hold its tokens raw until its own N (raw_until=None) holds before its first archive,
+    whichever its share of the budget: no cache holding fewer needs the tier's calibration."""
+    return max(tier.keep_first + tier.keep_recent + MIN_ARCHIVE_TOKENS, SHORT_VIEW_TOKENS)
 
 
 class PCALayer(CodecLayer):
@@ -33,18 +44,49 @@ class PCALayer(CodecLayer):
 
     variable_length = ("streams",)  # entropy-coded bytes: concatenated over layers in a file (cache/saved_format.py)
 
-    def __init__(self, tier: Tier, coder: LayerCoder, share: float = 1.0, raw_until: int | None = 0) -> None:
+    def __init__(self, tier: Tier, coder: LayerCoder | None, share: float = 1.0, raw_until: int | None = 0,
+                 later: Callable[[], tuple[LayerCoder, float]] | None = None) -> None:
         """share: this layer's share of the tier's bits per element (codeckv.cache.calibration.budget_shares);
-        raw_until: as CodecLayer's."""
+        raw_until: as CodecLayer's; later: with coder None, what gives (coder, share) at the first archive."""
         DynamicLayer.__init__(self)
         if tier.joint is None:
             raise ValueError(f"tier '{tier.name}' has no joint coder: use CodecLayer (allowed: a PCA tier)")
+        if (coder is None) == (later is None):
+            raise ValueError("give a PCA layer its coder, or (coder None) `later` to find it at the first archive")
         if not share > 0:
             raise ValueError(f"share={share!r}: a layer's share of the budget must be positive")
-        self.tier, self.coder, self.share = tier, coder, share
+        self.tier, self._coder, self.share, self._later = tier, coder, share, later
         self.unit = MIN_ARCHIVE_TOKENS  # tokens per stored chunk
         self.ask_raw_until(raw_until)
         self._reset_state()
+
+    @property
+    def coder(self) -> LayerCoder:
+        """This layer's coder (found now if it was left for later)."""
+        if self._coder is None:
+            self._find_coder()
+        return self._coder
+
+    def _find_coder(self) -> None:
+        self._coder, self.share = self._later()
+
+    def own_raw_until(self, key_states: torch.Tensor, value_states: torch.Tensor) -> int | None:
+        """As CodecLayer's; without its coder yet, tokens_before_coder (whether the archive pays off is checked at
+        the first archive, _archivable)."""
+        if self._coder is None:
+            return tokens_before_coder(self.tier)
+        return super().own_raw_until(key_states, value_states)
+
+    def _archivable(self) -> int:
+        """As CodecLayer's; the first archive of a layer left without its coder finds it, and holds every token raw
+        from then on if its share makes the archive no smaller than the raw tokens."""
+        count = super()._archivable()
+        if count > 0 and self._coder is None:
+            self._find_coder()
+            if self.raw_until_asked is None and not self._archive_smaller(self._view_k, self._view_v):
+                self.raw_until = None
+                return 0
+        return count
 
     def _archive_smaller(self, key_states: torch.Tensor, value_states: torch.Tensor) -> bool:
         """True when this layer's budget (codecs/rate.py: every byte stored, from REPAY_TOKENS tokens on) is fewer

@@ -1,5 +1,5 @@
-"""Command line: codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size|resume|pca-size|allocate
-(python -m codeckv)
+"""Command line: codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size|resume|pca-size|allocate|
+calibrate (python -m codeckv)
 
 Tables on stdout, progress bars on stderr; CSV, JSON and HTML files under out/ unless --out / --charts
 say where (the docs' commands that regenerate the committed CSVs pass --out assets/...).
@@ -21,6 +21,7 @@ import sys
 from codeckv import __version__
 from codeckv.cli import (
     allocate,
+    calibrate,
     inspect_kv,
     latency,
     memory,
@@ -33,7 +34,8 @@ from codeckv.cli import (
     sweep,
 )
 
-COMMANDS = (quality, sweep, inspect_kv, needle, memory, prefill, latency, allocate, saved_size, resume, pca_size)
+COMMANDS = (quality, sweep, inspect_kv, needle, memory, prefill, latency, allocate, saved_size, resume, pca_size,
+            calibrate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,7 +37,7 @@ import torch
 from transformers import Cache, DynamicCache
 
 from codeckv.cache import VIEW, CodecCache, footprint, held_bytes, make_cache, view_reason
-from codeckv.cache.calibration import calibration_for
+from codeckv.cache.calibration import calibration_for, ready_or_deferred
 from codeckv.cache.layers import CodecLayer
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import chat_input_ids, next_logits, stop_token_ids
@@ -86,12 +86,17 @@ class Run:
     def __init__(self, loaded: LoadedModel, label: str, tier: Tier, materialization_free: bool | None = None,
                  raw_until: int | None = 0) -> None:
         """raw_until: 0 archives from the first unit (a sweep, the needle: the codec itself); None holds the tokens
-        raw until the tier's own N (the Chat: a short chat never holds more than native; cache/layers.py)."""
+        raw until the tier's own N (the Chat: a short chat never holds more than native; cache/layers.py), and
+        reads a PCA tier's calibration only when it first archives (a short chat does not wait for one)."""
         self.loaded, self.label, self.tier, self.materialization_free = loaded, label, tier, materialization_free
         self.raw_until = raw_until
-        self.cache = make_cache(loaded, tier, materialization_free, raw_until=raw_until)
+        self.cache = make_cache(loaded, tier, materialization_free, self.calibration(), raw_until=raw_until)
         self.held = 0  # tokens the cache holds
         self.start_turn(0, 0)
+
+    def calibration(self):
+        """What this run's cache is built with: a Deferred calibration where it holds a short context raw."""
+        return (ready_or_deferred if self.raw_until is None else calibration_for)(self.loaded, self.tier)
 
     @property
     def on_codes(self) -> bool:
@@ -196,7 +201,7 @@ def filled_from(native: Cache, run: Run) -> Cache:
     """A cache for run's tier holding what `native` holds (converted in one batched encode), native left as it was."""
     if run.tier.is_native:
         return copy.deepcopy(native)
-    return CodecCache.from_cache(native, run.tier, run.materialization_free, calibration_for(run.loaded, run.tier),
+    return CodecCache.from_cache(native, run.tier, run.materialization_free, run.calibration(),
                                  raw_until=run.raw_until)
 
 

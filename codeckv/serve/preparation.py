@@ -5,10 +5,12 @@ background, one job at a time, with progress that any request can read or wait o
     PREPARATION.status_text()                          # "pca-8x: calibrating, 40%, about 1 min left · ..."
     for line in PREPARATION.wait_for(loaded, tier):    # a request: progress lines until what `tier` needs is ready
         ...
+    PREPARATION.not_ready(loaded, tier)                # "" when ready, else what is under way (without waiting)
 
 Jobs run on one worker thread in the order they were asked for, so at most one calibration runs at a time; a
 request for a tier whose calibration is not ready (a hub model's first use, or before the start-up jobs reach it)
-queues that job if nobody has, and streams its progress while it waits. A calibration that was saved before
+queues that job if nobody has, and streams its progress while it waits (a short chat does not wait: its cache holds
+its tokens raw, which needs no calibration; codeckv/serve/service.py, may_archive). A calibration that was saved before
 (`$CODECKV_CACHE/calibration`, e.g. by the Docker image's `scripts/setup.sh --convert`) is read back at once.
 """
 
@@ -97,6 +99,10 @@ class Preparation:
                     last = line
             if job.state == FAILED:
                 raise ValueError(f"the calibration of {plain.name} for {loaded.info.name} failed: {job.error}")
+
+    def not_ready(self, loaded: LoadedModel, tier: Tier) -> str:
+        """What is under way for `tier` ("" when every calibration it needs is ready), asking for it if nobody has."""
+        return next(iter(self.wait_for(loaded, tier)), "")
 
     def status_text(self) -> str:
         """Every job not yet ready, one line each (empty once everything asked for is ready)."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from codeckv.cache.pca_layer import tokens_before_coder
 from codeckv.cache.saved_format import tier_from_spec
 from codeckv.cache.saved_load import read_header
 from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure, worst_tier
@@ -272,10 +273,16 @@ def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str
     """
     deadline = limits.deadline()
     fits_model(tier, loaded.info)
-    for line in PREPARATION.wait_for(loaded, tier):  # a PCA tier's calibration, computed once, in turn
-        deadline.check()
+    if may_archive(loaded, session, user, tier, max_new_tokens, limits):
+        for line in PREPARATION.wait_for(loaded, tier):  # a PCA tier's calibration, computed once, in turn
+            deadline.check()
+            native, codec = chat_panels(session, (shown, "", ""))
+            note = f"*Preparing this tier before the turn: {line}*"
+            yield native, codec, note, note
+    elif line := PREPARATION.not_ready(loaded, tier):
         native, codec = chat_panels(session, (shown, "", ""))
-        note = f"*Preparing this tier before the turn: {line}*"
+        note = (f"*{tier.name} is still being prepared ({line}); this turn holds its tokens raw, which needs no "
+                f"calibration (raw until {tokens_before_coder(tier):,} tokens)*")
         yield native, codec, note, note
     IDLE.busy(session)  # not evictable while this turn runs
     try:
@@ -298,6 +305,23 @@ def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str
         IDLE.rest(session, limits.max_idle_mib)  # between turns: at rest, and all idle sessions bounded
 
 
+def may_archive(loaded: LoadedModel, session: ChatSession, user: str, tier: Tier, max_new_tokens: int,
+                limits: Limits) -> bool:
+    """Whether this turn's codec cache may archive, for which a PCA tier needs its calibration: it holds the whole
+    conversation and the reply, raw until tokens_before_coder (cache/pca_layer.py). A schedule always may."""
+    if tier.joint is None or tier.per_layer:
+        return True
+    prompt = prompt_ids(loaded, session.messages(user), max_new_tokens, limits.max_prompt_tokens).shape[1]
+    return prompt + max_new_tokens > tokens_before_coder(tier)
+
+
+def ready_now(loaded: LoadedModel, tier: Tier, action: str) -> None:
+    """Refuse `action` (which shows no progress) while `tier`'s calibration is still being prepared, saying how far."""
+    line = PREPARATION.not_ready(loaded, tier)
+    if line:
+        raise ValueError(f"{tier.name} is still being prepared ({line}): {action} once it is ready")
+
+
 RESUME_GPU_SECONDS = estimate_seconds(forwards=Limits().max_prompt_tokens // 512 + 1)  # the native re-prefill
 DOWNLOAD_GPU_SECONDS = estimate_seconds(forwards=1)  # copying the cache off the GPU
 
@@ -305,6 +329,8 @@ DOWNLOAD_GPU_SECONDS = estimate_seconds(forwards=1)  # copying the cache off the
 def chat_download(loaded: LoadedModel, session: ChatSession, folder: Path) -> str:
     """The codec cache of the conversation and its exchanges, written to a .kvc file in folder: its path."""
     path = folder / "conversation.kvc"
+    if session.setup is not None:
+        ready_now(loaded, session.setup[1], "download the cache")
     session.save(path, loaded)
     return str(path)
 
@@ -322,6 +348,7 @@ def chat_resume(loaded: LoadedModel, session: ChatSession, upload, limits: Limit
         kind = "a per-layer schedule" if tier.per_layer else "a custom tier"
         raise ValueError(f"this file was saved with {kind} ('{tier.name}'), which the Chat cannot select "
                          "again (allowed: a preset tier; a library user loads it with codeckv.load_cache)")
+    ready_now(loaded, tier, "resume this conversation")
     resumed = session.resume(loaded, path, limits.max_cache_file_bytes, limits.max_prompt_tokens)
     IDLE.rest(session, limits.max_idle_mib)  # idle until its next turn: at rest, counted with the other sessions
     native, codec = chat_panels(session)

@@ -8,10 +8,12 @@ import gradio as gr
 import pytest
 
 import app
+import codeckv.cache.calibration as calibration
 from codeckv.cache import CODES, SHORT_VIEW, VIEW, CodecCache
 from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.kernel_ops import attention_compiled
 from codeckv.cache.layers import CodecLayer
+from codeckv.cache.pca_layer import PCALayer, tokens_before_coder
 from codeckv.measure.chat import ChatSession
 from codeckv.serve import service
 from codeckv.serve.formatting import ATTENTION_WORDS as WORDS
@@ -318,3 +320,42 @@ def test_the_tier_picker_timer_stops_once_nothing_is_prepared(monkeypatch):
     monkeypatch.setattr(app, "preparation_text", lambda: "")
     info, timer = app.tier_picker_info()
     assert info["info"] == app.TIER_INFO and not timer.active, "then the timer stops: no poll per tab forever"
+
+
+class _StillPreparing:
+    """Background preparation caught mid-calibration: a request may read how far it is, but must not wait."""
+
+    def not_ready(self, loaded, tier):
+        return f"{tier.name}: calibrating, 40%"
+
+    def wait_for(self, loaded, tier):
+        raise AssertionError(f"a short {tier.name} turn waited for its calibration")
+
+
+def test_a_short_pca_chat_answers_without_its_calibration_and_says_it_is_being_prepared(tmp_path, monkeypatch):
+    """A fresh Space: pca-8x not calibrated yet. A short turn holds its tokens raw, which needs no calibration: it
+    answers without waiting, says why, and computes none in front of the visitor; downloading its cache waits."""
+    monkeypatch.setattr(calibration, "calibration_dir", lambda: tmp_path / "calibration")
+    monkeypatch.setattr(calibration, "_LOADED", {})
+    monkeypatch.setattr(calibration, "_BASES", {})
+    monkeypatch.setattr(service, "PREPARATION", _StillPreparing())
+    updates = _turn("What is the capital of France?", tier="pca-8x", tokens=8)
+    _, codec, _, codec_stats, *_, session = updates[-1]
+    assert any("pca-8x is still being prepared (pca-8x: calibrating, 40%); this turn holds its tokens raw" in u[3]
+               for u in updates), [u[3] for u in updates[:3]]
+    assert "Paris" in codec[-1]["content"] and "raw until 2,048 tokens" in codec_stats, codec_stats
+    layers = [layer for layer in session.runs[1].cache.layers if isinstance(layer, PCALayer)]
+    assert layers and all(layer._coder is None for layer in layers), "no layer needed its coder"
+    assert not (tmp_path / "calibration").exists(), "nothing computed in front of the visitor"
+    with app.POOL.lease("smollm2-135m") as loaded:
+        with pytest.raises(ValueError, match="pca-8x is still being prepared .*: download the cache once it is ready"):
+            service.chat_download(loaded, session, tmp_path)
+
+
+def test_a_pca_turn_waits_for_its_calibration_only_when_its_cache_may_archive(loaded):
+    limits, session, tier = service.Limits(), ChatSession(), TIERS["pca-8x"]
+    prompt = service.prompt_ids(loaded, session.messages("Hi."), 0).shape[1]
+    holds = tokens_before_coder(tier)
+    assert not service.may_archive(loaded, session, "Hi.", tier, holds - prompt, limits), "raw to the end"
+    assert service.may_archive(loaded, session, "Hi.", tier, holds - prompt + 1, limits), "one more may archive"
+    assert service.may_archive(loaded, session, "Hi.", TIERS["turbo-4"], 8, limits), "no calibration: nothing to wait"

@@ -165,3 +165,19 @@ def test_calibration_text_is_apart_from_the_quality_windows(loaded):
     assert all(loaded.tokenizer.decode(w[:12]) in new_testament for w in ids[windows // 2 :])
     read = loaded.tokenizer.decode(leading_tokens(loaded.tokenizer, bible_text(), 64 * 513)[: 64 * 513])
     assert len(read) < bible_text().index(new_testament)
+
+
+def test_the_calibrate_command_measures_a_pass_on_an_empty_folder(loaded, fresh, monkeypatch, tmp_path):
+    """codeckv calibrate (measure/calibration_cost.py): every PCA tier computed into the folder, its files and a
+    peak above the loaded model; a folder holding calibrations already is refused (it would measure a read)."""
+    from codeckv.measure import calibration_cost as cost
+
+    monkeypatch.setattr(cost, "TIERS", {t.name: t for t in (COARSE, FINE)})
+    rows = cost.calibration_cost(loaded, tmp_path / "first")
+    assert [r.tier for r in rows] == ["pca-small-coarse", "pca-small-fine"]
+    assert all(r.tier_file_bytes > 0 and r.basis_file_bytes > r.tier_file_bytes for r in rows)
+    assert all(r.peak_rss_bytes >= r.model_rss_bytes and r.above_model_bytes == r.peak_rss_bytes - r.model_rss_bytes
+               for r in rows)
+    assert rows[0].bits_per_element < rows[1].bits_per_element, "each tier its own budget"
+    with pytest.raises(ValueError, match="holds calibrations already"):
+        cost.calibration_cost(loaded, tmp_path / "first")

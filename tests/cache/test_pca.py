@@ -13,7 +13,7 @@ import codeckv.cache.calibration as calibration
 import codeckv.cache.flush as flush
 import codeckv.codecs.ans_vectorized as ans_vectorized
 from codeckv.cache import CodecCache, make_cache
-from codeckv.cache.pca_layer import PCALayer
+from codeckv.cache.pca_layer import PCALayer, tokens_before_coder
 from codeckv.codecs.ans import LENGTH_BYTES, EntropyTable
 from codeckv.codecs.ans_vectorized import DECODE_VECTORIZED, ENCODE_VECTORIZED
 from codeckv.codecs.pca import JointPCA
@@ -137,6 +137,33 @@ def test_pca_layer_holds_exactly_the_bytes_it_counts(tiny_model):
     assert torch.equal(layer.keys[:, :, :40], k_hat) and torch.equal(layer.values[:, :, :40], v_hat), \
         "the view holds what the stored streams decode to"
     assert torch.equal(layer.keys[:, :, 40:], k[:, :, 40:]), "the incomplete chunk stays raw"
+
+
+def test_a_layer_left_without_its_coder_holds_raw_then_codes_as_one_built_with_it(tiny_model):
+    """A Deferred calibration (the Chat's while it is computed): no coder is asked for below tokens_before_coder;
+    at the first archive the layer finds it and stores, and views, what a layer built with it does."""
+    _, calib = tiny_model
+    tier, asked = TIERS["pca-8x"], []
+    later = PCALayer(tier, None, raw_until=None, later=lambda: asked.append(1) or (calib.coders[2], 1.0))
+    built = PCALayer(tier, calib.coders[2], 1.0, raw_until=None)
+    n = tokens_before_coder(tier)
+    k, v = torch.randn(1, 1, n + 9, 64), torch.randn(1, 1, n + 9, 64)
+    for layer in (later, built):
+        layer.update(k[:, :, :n], v[:, :, :n])
+    assert asked == [] and later.raw_until == built.raw_until == n and not later.chunks, "raw: no coder needed"
+    for layer in (later, built):
+        layer.update(k[:, :, n:], v[:, :, n:])
+    assert asked == [1] and later.chunks and [c.stream for c in later.chunks] == [c.stream for c in built.chunks]
+    assert torch.equal(later.keys, built.keys) and torch.equal(later.values, built.values)
+
+
+def test_a_layer_whose_share_found_later_makes_no_smaller_archive_stays_raw(tiny_model):
+    _, calib = tiny_model
+    layer = PCALayer(TIERS["pca-8x"], None, raw_until=None, later=lambda: (calib.coders[2], 64.0))  # 128 bits
+    n = tokens_before_coder(layer.tier)
+    for lo, hi in ((0, n), (n, n + 9)):
+        layer.update(torch.randn(1, 1, hi - lo, 64), torch.randn(1, 1, hi - lo, 64))
+    assert layer.share == 64.0 and layer.raw_until is None and not layer.chunks and layer.length == n + 9
 
 
 @pytest.mark.parametrize("batch", [1, 2])
