@@ -26,6 +26,7 @@ coded apart, are left out of everything).
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import sys
 from collections.abc import Callable
@@ -34,7 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DynamicLayer, get_layer_types_and_kwargs
+from torch.utils.checkpoint import checkpoint
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, get_layer_types_and_kwargs
 
 from codeckv.codecs.ans import EntropyTable
 from codeckv.codecs.pca import JointPCA, LayerCoder, ecsq
@@ -48,6 +50,7 @@ except OSError:  # a Linux without glibc (musl): nothing to release
 
 Progress = Callable[[float, str], None]  # (fraction of this part done, 0..1; what it is doing)
 
+LOSS_CHUNK = 64  # positions whose logits exist at once in a window's loss (_summed_nll)
 SKIP = 4  # leading positions of every calibration window left out of the statistics (attention sinks)
 FISHER_REG = 1e-2  # F + FISHER_REG * mean(diag F) * I before its square root
 SAMPLE_EVERY = 4  # rows kept for the steps and tables: every 4th position of every window ...
@@ -92,12 +95,33 @@ class Basis:
         return {i: (x - self.means[i]) @ self.encoders[i] for i, x in rows.items()}
 
 
-class _CapturingLayer(DynamicLayer):
-    """A full-attention cache layer that also keeps the (B, H, S, D) states it was handed (in the autograd graph)."""
+class _WindowLayer:
+    """Mixed into a cache layer class for one window's forward from empty (_window_layer): its first update may keep
+    the (B, H, S, D) states it was handed (`captured`, in the autograd graph); later updates hand back the states
+    given, since the backward recomputes each decoder layer (_layers_recomputed), which updates the cache again."""
+
+    capture = False
+    updated = False
+    captured: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        self.captured = (key_states, value_states)
+        if self.updated:
+            return key_states, value_states
+        self.updated = True
+        if self.capture:
+            self.captured = (key_states, value_states)
         return super().update(key_states, value_states, *args, **kwargs)
+
+
+@functools.cache
+def _window_class(kind: str, capture: bool) -> type:
+    base = DYNAMIC_LAYER_TYPE_MAPPING[kind]
+    return type(f"Window{base.__name__}", (_WindowLayer, base), {"capture": capture})
+
+
+def _window_layer(kind: str, capture: bool, **kwargs):
+    """A cache layer of `kind` for one window (_WindowLayer), capturing its states if `capture`."""
+    return _window_class(kind, capture)(**kwargs)
 
 
 class _Moments:
@@ -127,7 +151,7 @@ def fit_basis(model, ids: torch.Tensor, progress: Progress = _quiet) -> tuple[Ba
     def accumulate(index: int, x: torch.Tensor, g: torch.Tensor) -> None:
         moments.setdefault(index, _Moments(x.shape[1])).add(x, g)
 
-    with _weights_out_of_autograd(model):
+    with _weights_out_of_autograd(model), _layers_recomputed(model):
         rows = _capture(model, ids, rope, accumulate, lambda f, m: progress(0.9 * f, m))
     means, halves, scales = {}, {}, {}
     for done, (index, m) in enumerate(sorted(moments.items())):
@@ -148,6 +172,21 @@ def _weights_out_of_autograd(model):
     finally:
         for p, flag in flags:
             p.requires_grad_(flag)
+
+
+@contextmanager
+def _layers_recomputed(model):
+    """Each decoder layer of `model` checkpointed for a while (torch.utils.checkpoint, non-reentrant): a window's
+    forward keeps only every layer's input, and the backward recomputes one layer at a time, so the activations of
+    one layer, not of all, are held (~0.75 GB less at 512 tokens through smollm2-135m's 30 layers in fp32)."""
+    layers = list(model.get_decoder().layers)
+    for layer in layers:
+        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward  # the class's own again
 
 
 def capture_rows(model, ids: torch.Tensor, progress: Progress = _quiet) -> dict[int, torch.Tensor]:
@@ -171,21 +210,23 @@ def _capture(model, ids: torch.Tensor, rope: Rope, accumulate, progress: Progres
     per_window = len(range(0, ids.shape[1] - SKIP, every))
     rows: dict[int, torch.Tensor] = {}
     embed = model.get_input_embeddings()
+    chunked = accumulate is not None and _head_reproduces_logits(model, ids[:1, :LOSS_CHUNK].to(model.device))
     for n in range(ids.shape[0]):
         release_freed_memory()
         progress(n / ids.shape[0], f"capturing window {n + 1} of {ids.shape[0]}")
         window = ids[n : n + 1].to(model.device)
-        layers = [_CapturingLayer() if i in full else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kw)
-                  for i, (kind, kw) in enumerate(zip(kinds, kwargs))]
+        layers = [_window_layer(kind, i in full, **kw) for i, (kind, kw) in enumerate(zip(kinds, kwargs))]
         with torch.enable_grad() if accumulate else torch.no_grad():
             embeds = embed(window).detach().requires_grad_(accumulate is not None)
-            logits = model(inputs_embeds=embeds, cache=Cache(layers=layers), use_cache=True).logits[:, :-1]
-            states = [t for i in full for t in layers[i].captured]
             if accumulate:
-                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten(),
-                                                         reduction="sum")
-                del logits  # the backward keeps what it needs
-                found = torch.autograd.grad(loss, states)
+                loss = _summed_nll(model, embeds, window[0, 1:], Cache(layers=layers), chunked)
+                states = [t for i in full for t in layers[i].captured]
+                # embeds too: a node the backward leaves unrun keeps its checkpointed layer's recomputed
+                # tensors alive past the window (~50 MB a window otherwise)
+                found = torch.autograd.grad(loss, [*states, embeds])[:-1]
+            else:
+                model.get_decoder()(inputs_embeds=embeds, cache=Cache(layers=layers), use_cache=True)
+                states = [t for i in full for t in layers[i].captured]
         for j, index in enumerate(full):
             x = _vectors(rope, *(t.detach().float() for t in states[2 * j : 2 * j + 2]))
             if index not in rows:
@@ -195,6 +236,38 @@ def _capture(model, ids: torch.Tensor, rope: Rope, accumulate, progress: Progres
                 accumulate(index, x, _vectors(rope, *(t.float() for t in found[2 * j : 2 * j + 2])))
     progress(1.0, f"captured {ids.shape[0]} windows")
     return rows
+
+
+def _logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's logits from its last hidden states: the output embeddings, then any final soft-capping."""
+    logits = model.get_output_embeddings()(hidden)
+    cap = getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def _head_reproduces_logits(model, ids: torch.Tensor) -> bool:
+    """True when _logits of the decoder's last hidden states are the model's own logits (on a few tokens): then the
+    loss can be computed LOSS_CHUNK positions at a time. A model whose head does more falls back to whole logits."""
+    with torch.no_grad():
+        want = model(ids).logits[0].float()
+        got = _logits(model, model.get_decoder()(ids).last_hidden_state)[0].float()
+    return want.shape == got.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def _chunk_nll(model, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(_logits(model, hidden).float(), targets, reduction="sum")
+
+
+def _summed_nll(model, embeds: torch.Tensor, targets: torch.Tensor, cache: Cache, chunked: bool) -> torch.Tensor:
+    """The window's summed next-token NLL (targets: its tokens after the first), in the autograd graph. Chunked, the
+    logits of LOSS_CHUNK positions exist at a time, recomputed in the backward (checkpoint): the full (S, vocab)
+    logits, their log-softmax and gradient (~0.3 GB at 512 x 49k in fp32) are never held together."""
+    if not chunked:
+        logits = model(inputs_embeds=embeds, cache=cache, use_cache=True).logits[0, :-1]
+        return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+    hidden = model.get_decoder()(inputs_embeds=embeds, cache=cache, use_cache=True).last_hidden_state[0, :-1]
+    return sum(checkpoint(_chunk_nll, model, hidden[lo : lo + LOSS_CHUNK], targets[lo : lo + LOSS_CHUNK],
+                          use_reentrant=False) for lo in range(0, hidden.shape[0], LOSS_CHUNK))
 
 
 def release_freed_memory() -> None:
@@ -251,6 +324,7 @@ def fit_coders(basis: Basis, ys: dict[int, torch.Tensor], spec: JointPCA, progre
     coders, kept, bits, elements = {}, {}, 0.0, 0
     for done, (index, y) in enumerate(sorted(ys.items())):
         progress(0.6 + 0.4 * done / len(ys), f"entropy tables of layer {done + 1} of {len(ys)}")
+        release_freed_memory()  # each layer's histograms, of other sizes than the last's
         kept[index] = torch.nonzero(_kept(y, step))[:, 0]
         y = y[:, kept[index]]
         classes, counts = _class_counts(y, step)

@@ -181,3 +181,27 @@ def test_the_calibrate_command_measures_a_pass_on_an_empty_folder(loaded, fresh,
     assert rows[0].bits_per_element < rows[1].bits_per_element, "each tier its own budget"
     with pytest.raises(ValueError, match="holds calibrations already"):
         cost.calibration_cost(loaded, tmp_path / "first")
+
+
+def test_the_chunked_loss_gives_the_gradients_of_the_whole_logits(loaded, monkeypatch):
+    """The calibration's loss, its logits LOSS_CHUNK positions at a time (recomputed in the backward), has the
+    gradients w.r.t. K and V of the loss on the whole logits, up to float summation order."""
+    from codeckv.cache import calibration_fit
+
+    ids = calibration.calibration_windows(loaded.tokenizer, 2, 3 * calibration_fit.LOSS_CHUNK + 5)
+    assert calibration_fit._head_reproduces_logits(loaded.model, ids[:1, :16]), "smollm2's loss is chunked"
+    rope = Rope.from_config(loaded.model.config)
+
+    def gradients(chunked: bool) -> dict[int, torch.Tensor]:
+        monkeypatch.setattr(calibration_fit, "_head_reproduces_logits", lambda *_: chunked)
+        found: dict[int, list] = {}
+        with torch.inference_mode(False), calibration_fit._weights_out_of_autograd(loaded.model):
+            calibration_fit._capture(loaded.model, ids.clone(), rope, lambda i, x, g: found.setdefault(i, []).append(g),
+                                     calibration_fit._quiet)
+        return {i: torch.cat(g) for i, g in found.items()}
+
+    whole, chunked = gradients(False), gradients(True)
+    assert sorted(whole) == sorted(chunked) and len(whole) == 30
+    for i in whole:
+        scale = whole[i].abs().max()
+        assert scale > 0 and torch.allclose(chunked[i], whole[i], rtol=1e-3, atol=1e-4 * scale), i
