@@ -41,7 +41,7 @@ from codeckv.corpus import bible_held_out_text, corpus_text, leading_tokens
 from codeckv.paths import cache_dir
 from codeckv.tiers import TIERS, Tier
 
-VERSION = 3  # bump when the calibration recipe or the saved format changes: old files are then ignored
+VERSION = 4  # bump when the calibration recipe or the saved format changes: old files are then ignored
 WAIT_POLL_SECONDS = 0.5  # a caller waiting for another calibration reports its progress this often
 
 
