@@ -82,7 +82,7 @@ def _chat(url: str, tier: str, tokens: int) -> dict:
     outputs = job.outputs()
     first = first if first is not None else time.perf_counter() - start
     native, codec, _, codec_stats, *_ = outputs[-1]
-    waited = [o[3] for o in outputs[:-1] if "Preparing" in o[3] or "Loading" in o[3]]
+    waited = [o[3] for o in outputs[:-1] if any(w in o[3] for w in ("Preparing", "Loading", "being prepared"))]
     return {"tier": tier, "first_message_s": round(first, 1), "answer_s": round(time.perf_counter() - start, 1),
             "answered": bool(codec and codec[-1]["content"]), "progress_lines": len(waited),
             "first_progress": waited[0] if waited else ""}
