@@ -5,11 +5,13 @@
     ys = basis.project(rows)                      # the sampled rows in each layer's components
     fit = fit_coders(basis, ys, spec)             # one tier's step, kept components and entropy tables
 
-Memory is bounded by one window's forward + backward, not by the text: the pass streams. Per full-attention layer
-it keeps running sums (float64) of x, x x^T and g g^T, x the (d,) vector of a token's keys (RoPE removed) and
-values of every head, g = d(sum of next-token NLL)/d(x), and every SAMPLE_EVERY-th row of x (float32), which is
-all that the tiers' steps and tables need afterwards (the first SKIP positions of each window, attention sinks
-coded apart, are left out of everything).
+Memory is bounded by one decoder layer's activations and one window's layer inputs, not by the text or the model's
+depth: the pass streams window by window, and within a window the backward recomputes one decoder layer at a time
+(_layers_recomputed) while the loss's logits exist LOSS_CHUNK positions at a time (_summed_nll). Per full-attention
+layer it keeps running sums (float64) of x, x x^T and g g^T, x the (d,) vector of a token's keys (RoPE removed) and
+values of every head, g = d(sum of next-token NLL)/d(x), and every SAMPLE_EVERY-th row of x (float32), which is all
+that the tiers' steps and tables need afterwards (the first SKIP positions of each window, attention sinks coded
+apart, are left out of everything).
 
 1. Basis, per layer (codecs/pca.py): F = E[g g^T] + reg I (empirical Fisher), A = F^1/2, U the PCA of the
    whitened rows A (x - mean): analysis enc = A U, stored in fp16 (a float32 scale per column), and synthesis
