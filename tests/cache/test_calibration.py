@@ -205,3 +205,18 @@ def test_the_chunked_loss_gives_the_gradients_of_the_whole_logits(loaded, monkey
     for i in whole:
         scale = whole[i].abs().max()
         assert scale > 0 and torch.allclose(chunked[i], whole[i], rtol=1e-3, atol=1e-4 * scale), i
+
+
+def test_the_calibrate_command_prints_the_cost_and_writes_its_csv(fresh, monkeypatch, tmp_path, capsys):
+    import csv
+
+    from codeckv.cli import main
+    from codeckv.measure import calibration_cost as cost
+
+    monkeypatch.setattr(cost, "TIERS", {t.name: t for t in (COARSE, FINE)})
+    assert main(["calibrate", "--offline", "--into", str(tmp_path / "into"), "--out", str(tmp_path / "c.csv")]) == 0
+    printed = capsys.readouterr().out
+    assert "above_model_mib" in printed and "pca-small-coarse" in printed and "pca-small-fine" in printed
+    rows = list(csv.DictReader((tmp_path / "c.csv").open()))
+    assert [r["tier"] for r in rows] == ["pca-small-coarse", "pca-small-fine"]
+    assert (tmp_path / "into" / "calibration").is_dir(), "--into keeps the files"
