@@ -159,10 +159,6 @@ class Deferred:
         self._lock = threading.Lock()
         self._calibration: Calibration | None = None
 
-    @property
-    def spec(self) -> JointPCA:
-        return self.tier.joint
-
     def resolve(self) -> Calibration:
         with self._lock:
             if self._calibration is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import time
 
 import torch
@@ -40,7 +41,6 @@ from codeckv.cache.pca_layer import PCALayer
 from codeckv.cache.saved_format import save_cache
 from codeckv.cache.schedule import layer_tiers, schedule
 from codeckv.codecs.layout import NoRowLayout
-from codeckv.codecs.pca import LayerCoder
 from codeckv.loaded import LoadedModel
 from codeckv.tiers import Tier, as_tier
 
@@ -269,20 +269,22 @@ def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibratio
     if calibration is None:
         raise ValueError(f"tier '{tier.name}' needs the model's calibration: make_cache(loaded, '{tier.name}') with a "
                          "LoadedModel, or calibration=codeckv.cache.calibration.calibration_for(loaded, tier)")
-    if isinstance(calibration, Deferred):  # resolved at the first archive (the checks then)
+    if isinstance(calibration, Deferred):  # resolved at the first archive (the checks then), its shares once
+        shares = functools.cache(lambda: _shares(calibration.resolve(), layer_types, layers))
         return lambda index: PCALayer(tier, None, raw_until=raw_until,
-                                      later=lambda: _coder_and_share(calibration.resolve(), layer_types, layers, index))
-    return lambda index: PCALayer(tier, *_coder_and_share(calibration, layer_types, layers, index), raw_until)
+                                      later=lambda: (calibration.resolve().coders[index], shares()[index]))
+    shares = _shares(calibration, layer_types, layers)
+    return lambda index: PCALayer(tier, calibration.coders[index], shares[index], raw_until)
 
 
-def _coder_and_share(calibration: Calibration, layer_types: list[str], layers: list[int],
-                     index: int) -> tuple[LayerCoder, float]:
-    """Layer `index`'s coder and its share of the budget among `layers`, once the calibration fits this model."""
+def _shares(calibration: Calibration, layer_types: list[str], layers: list[int]) -> dict[int, float]:
+    """Each of `layers`' share of the budget (budget_shares), once the calibration has a coder for every
+    full-attention layer of this model."""
     missing = [i for i, kind in enumerate(layer_types) if kind == "full_attention" and i not in calibration.coders]
     if missing:
         raise ValueError(f"the calibration of '{calibration.model}' has no coder for full-attention layers {missing} "
                          f"of this model (allowed: the model it was calibrated on)")
-    return calibration.coders[index], budget_shares(calibration, layers)[index]
+    return budget_shares(calibration, layers)
 
 
 def make_cache(source, tier: Tier | str, materialization_free: bool | None = None,

@@ -54,6 +54,12 @@ MIN_ARCHIVE_TOKENS = 8
 SHORT_VIEW_TOKENS = 2048  # a short context (module docstring): a layer that would read a view holds it raw up to here
 
 
+def view_raw_until(tier: Tier, unit: int) -> int:
+    """The own N of a layer of `tier` archiving `unit` tokens at a time that reads a decoded view and whose archive
+    pays off (module docstring, "Raw until N"): its first unit, and at least a short context."""
+    return max(tier.keep_first + tier.keep_recent + unit, SHORT_VIEW_TOKENS)
+
+
 @functools.lru_cache(maxsize=64)
 def unit_code_bytes(key: Codec, value: Codec, unit: int, head_dims: tuple[int, int], dtype: torch.dtype) -> int:
     """Bytes that one archive unit of one row and head stores, keys and values, codes and metadata: a probe encode
@@ -122,7 +128,7 @@ class CodecLayer(DynamicLayer):
         if not self._archive_smaller(key_states, value_states):
             return None
         first_unit = self.tier.keep_first + self.tier.keep_recent + self.unit
-        return max(first_unit, SHORT_VIEW_TOKENS) if self._reads_view(key_states) else first_unit
+        return view_raw_until(self.tier, self.unit) if self._reads_view(key_states) else first_unit
 
     def _reads_view(self, key_states: torch.Tensor) -> bool:
         """True when attention would read this layer's tokens from a decoded view (always, for a CodecLayer)."""

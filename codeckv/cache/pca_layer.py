@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from codeckv.cache.layers import MIN_ARCHIVE_TOKENS, SHORT_VIEW_TOKENS, CodecLayer, RawTokens
+from codeckv.cache.layers import MIN_ARCHIVE_TOKENS, CodecLayer, RawTokens, view_raw_until
 from codeckv.codecs.base import Encoded
 from codeckv.codecs.pca import Chunk, LayerCoder, archive_layers, spent
 from codeckv.tiers import Tier
@@ -36,7 +36,7 @@ from codeckv.tiers import Tier
 def tokens_before_coder(tier: Tier) -> int:
     """Tokens a PCA layer asked to hold its tokens raw until its own N (raw_until=None) holds before its first archive,
     whichever its share of the budget: no cache holding fewer needs the tier's calibration."""
-    return max(tier.keep_first + tier.keep_recent + MIN_ARCHIVE_TOKENS, SHORT_VIEW_TOKENS)
+    return view_raw_until(tier, MIN_ARCHIVE_TOKENS)  # a PCA layer reads a decoded view; its unit: MIN_ARCHIVE_TOKENS
 
 
 class PCALayer(CodecLayer):

@@ -273,15 +273,16 @@ def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str
     """
     deadline = limits.deadline()
     fits_model(tier, loaded.info)
-    if may_archive(loaded, session, user, tier, max_new_tokens, limits):
+    preparing = PREPARATION.not_ready(loaded, tier)  # "" when every calibration the tier needs is ready
+    if preparing and may_archive(loaded, session, user, tier, max_new_tokens, limits):
         for line in PREPARATION.wait_for(loaded, tier):  # a PCA tier's calibration, computed once, in turn
             deadline.check()
             native, codec = chat_panels(session, (shown, "", ""))
             note = f"*Preparing this tier before the turn: {line}*"
             yield native, codec, note, note
-    elif line := PREPARATION.not_ready(loaded, tier):
+    elif preparing:
         native, codec = chat_panels(session, (shown, "", ""))
-        note = (f"*{tier.name} is still being prepared ({line}); this turn holds its tokens raw, which needs no "
+        note = (f"*{tier.name} is still being prepared ({preparing}); this turn holds its tokens raw, which needs no "
                 f"calibration (raw until {tokens_before_coder(tier):,} tokens)*")
         yield native, codec, note, note
     IDLE.busy(session)  # not evictable while this turn runs
