@@ -152,7 +152,11 @@ def calibration_for(loaded, tier: Tier, compute: bool = True,
 
 
 class Deferred:
-    """A plain PCA tier's calibration on a LoadedModel, read from memory or disk (or computed) when first resolved."""
+    """A plain PCA tier's calibration on a LoadedModel, read from memory or disk (or computed) when first resolved.
+
+    `loaded` may be set to None while nothing resolves it (an idle chat, measure/chat.py: it holds no model, so a
+    model the pool drops is freed) and to the model of the same name again before anything does.
+    """
 
     def __init__(self, loaded, tier: Tier) -> None:
         self.loaded, self.tier = loaded, tier
@@ -162,6 +166,9 @@ class Deferred:
     def resolve(self) -> Calibration:
         with self._lock:
             if self._calibration is None:
+                if self.loaded is None:
+                    raise RuntimeError(f"the calibration of tier '{self.tier.name}' was asked for while its cache "
+                                       "held no model (give it one first: Run.bind)")
                 self._calibration = calibration_for(self.loaded, self.tier)
             return self._calibration
 

@@ -4,7 +4,7 @@
     for update in session.ask(loaded, "What is a KV cache?", "turbo-4", max_new_tokens=96):
         show(update.native.text, update.codec.text)
     session.exchanges                  # every finished turn: the user's message, the native and codec replies
-    session.rest()                     # between turns: hold both caches at rest; the bytes they hold
+    session.rest()                     # between turns: both caches at rest, no model held; the bytes they hold
     session.release()                  # drop both caches (Clear, or the browser tab closed)
     session.save("chat.kvc", loaded)   # the codec cache and the exchanges, in one file (cache/saved_format.py)
     session.resume(loaded, "chat.kvc") # continue it: the codec cache from the file, the native one re-prefilled
@@ -96,10 +96,12 @@ class ChatSession:
         self.restore_seconds = 0.0  # the current turn's rebuild of the decoded view from the archive (0: none)
 
     def rest(self) -> int:
-        """Between turns: hold each codec cache at rest (archive and raw tokens, no decoded view); the bytes held."""
+        """Between turns: hold each codec cache at rest (archive and raw tokens, no decoded view) and no model (the
+        next turn's, or a save's, is bound then: a model a pool drops meanwhile is freed); the bytes held."""
         for run in self.runs:
             if isinstance(run.cache, CodecCache):
                 run.cache.compact()
+            run.bind(None)
         return sum(held_bytes(run.cache) for run in self.runs)
 
     def evict(self, why: str) -> None:
@@ -130,7 +132,11 @@ class ChatSession:
         codec = self.runs[1]
         if not isinstance(codec.cache, CodecCache):
             raise ValueError(f"tier '{codec.tier.name}' keeps a native cache: there is no codec cache to save")
-        return codec.cache.save(path, self.held, loaded, extra={"chat": [asdict(e) for e in self.exchanges]})
+        codec.bind(loaded)  # a PCA cache's calibration is read from it (cache/saved_format.py)
+        try:
+            return codec.cache.save(path, self.held, loaded, extra={"chat": [asdict(e) for e in self.exchanges]})
+        finally:
+            codec.bind(None)  # idle again
 
     def resume(self, loaded: LoadedModel, path: str | Path, max_bytes: int = MAX_FILE_BYTES,
                max_tokens: int | None = None) -> Resumed:
@@ -203,6 +209,8 @@ class ChatSession:
             self.setup = setup
             self.runs = [Run(loaded, NATIVE, get_tier(NATIVE)),
                          Run(loaded, tier.name, tier, materialization_free, raw_until=None)]  # raw until its N
+        for run in self.runs:
+            run.bind(loaded)  # caches kept from the last turn: on this turn's model (the same name, maybe reloaded)
         self.restore_seconds = sum(r.cache.restore() for r in self.runs if isinstance(r.cache, CodecCache))
         keep = min(common_prefix(self.held, ids[0].tolist()), ids.shape[1] - 1)  # always prefill a token
         for run in self.runs:

@@ -37,7 +37,7 @@ import torch
 from transformers import Cache, DynamicCache
 
 from codeckv.cache import VIEW, CodecCache, footprint, held_bytes, make_cache, view_reason
-from codeckv.cache.calibration import calibration_for, ready_or_deferred
+from codeckv.cache.calibration import Deferred, calibration_for, ready_or_deferred
 from codeckv.cache.layers import CodecLayer
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import chat_input_ids, next_logits, stop_token_ids
@@ -90,13 +90,18 @@ class Run:
         reads a PCA tier's calibration only when it first archives (a short chat does not wait for one)."""
         self.loaded, self.label, self.tier, self.materialization_free = loaded, label, tier, materialization_free
         self.raw_until = raw_until
-        self.cache = make_cache(loaded, tier, materialization_free, self.calibration(), raw_until=raw_until)
+        # what this run's caches are built with: a Deferred calibration where they hold a short context raw
+        self.calibration = (ready_or_deferred if raw_until is None else calibration_for)(loaded, tier)
+        self.cache = make_cache(loaded, tier, materialization_free, self.calibration, raw_until=raw_until)
         self.held = 0  # tokens the cache holds
         self.start_turn(0, 0)
 
-    def calibration(self):
-        """What this run's cache is built with: a Deferred calibration where it holds a short context raw."""
-        return (ready_or_deferred if self.raw_until is None else calibration_for)(self.loaded, self.tier)
+    def bind(self, loaded: LoadedModel | None) -> None:
+        """Run on `loaded` from now on; None: hold no model (an idle chat between turns, measure/chat.py, so that a
+        model the pool drops is freed). The cache's tokens stay valid on a model loaded again under the same name."""
+        self.loaded = loaded
+        if isinstance(self.calibration, Deferred):
+            self.calibration.loaded = loaded
 
     @property
     def on_codes(self) -> bool:
@@ -201,7 +206,7 @@ def filled_from(native: Cache, run: Run) -> Cache:
     """A cache for run's tier holding what `native` holds (converted in one batched encode), native left as it was."""
     if run.tier.is_native:
         return copy.deepcopy(native)
-    return CodecCache.from_cache(native, run.tier, run.materialization_free, run.calibration(),
+    return CodecCache.from_cache(native, run.tier, run.materialization_free, run.calibration,
                                  raw_until=run.raw_until)
 
 

@@ -2,14 +2,18 @@
 same conversation, a stop keeps what was generated, and a hybrid model's sliding layers are refilled when a
 rewind cannot crop them."""
 
+import gc
 import json
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import torch
 
+from codeckv.cache import calibration
+from codeckv.cache.calibration import Deferred
 from codeckv.loaded import LoadedModel
 from codeckv.measure.chat import ChatSession, common_prefix
 from codeckv.measure.side_by_side import Run, stream_turn
@@ -54,6 +58,27 @@ def test_a_new_tier_starts_over_and_a_stop_keeps_the_partial_turn(loaded):
     assert session.exchanges[-1].shown == "Name another one." and session.exchanges[-1].native == last.native.text
     again = _ask(session, loaded, "And a third?")
     assert again.native.prompt_tokens > 20, "after a stop the conversation is prefilled again"
+
+
+def test_an_idle_session_holds_no_model_and_its_next_turn_runs_on_the_one_it_is_given(loaded, tmp_path, monkeypatch):
+    """Between turns a session keeps its caches but no model, so a model the pool drops is freed (also while its PCA
+    cache's calibration is still Deferred); the next turn, on the model loaded again, keeps the caches."""
+    monkeypatch.setattr(calibration, "calibration_dir", lambda: tmp_path / "calibration")  # pca-8x not ready yet
+    monkeypatch.setattr(calibration, "_LOADED", {})
+    monkeypatch.setattr(calibration, "_BASES", {})
+    first = LoadedModel(loaded.model, loaded.tokenizer, loaded.info)  # what a pool drops: nothing else holds it
+    session = ChatSession()
+    _ask(session, first, "My name is Ada. Please remember it.", tier="pca-8x", tokens=4)
+    assert isinstance(session.runs[1].calibration, Deferred)
+    session.rest()
+    dropped = weakref.ref(first)
+    del first
+    gc.collect()
+    assert dropped() is None, "the idle session still holds the model it ran on"
+    again = LoadedModel(loaded.model, loaded.tokenizer, loaded.info)  # the same name, loaded again
+    second = _ask(session, again, "What is my name?", tier="pca-8x", tokens=4)
+    assert second.native.prompt_tokens < 20, "the caches of the first turn were kept"
+    assert all(run.loaded is again for run in session.runs) and session.runs[1].calibration.loaded is again
 
 
 def test_common_prefix():
