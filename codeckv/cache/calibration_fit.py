@@ -2,6 +2,7 @@
 
     basis, rows = fit_basis(model, ids)           # forward + backward of (N, S) windows: moments, then the bases
     rows = capture_rows(model, ids)               # forward only, when the basis is known already (a saved one)
+    rows = capture_gradients(model, ids, accumulate)  # the pass alone: accumulate(layer, x, g) of each window
     ys = basis.project(rows)                      # the sampled rows in each layer's components
     fit = fit_coders(basis, ys, spec)             # one tier's step, kept components and entropy tables
 
@@ -153,8 +154,7 @@ def fit_basis(model, ids: torch.Tensor, progress: Progress = _quiet) -> tuple[Ba
     def accumulate(index: int, x: torch.Tensor, g: torch.Tensor) -> None:
         moments.setdefault(index, _Moments(x.shape[1])).add(x, g)
 
-    with _weights_out_of_autograd(model), _layers_recomputed(model):
-        rows = _capture(model, ids, rope, accumulate, lambda f, m: progress(0.9 * f, m))
+    rows = capture_gradients(model, ids, accumulate, lambda f, m: progress(0.9 * f, m))
     means, halves, scales = {}, {}, {}
     for done, (index, m) in enumerate(sorted(moments.items())):
         progress(0.9 + 0.1 * done / len(moments), f"fitting the basis of layer {done + 1} of {len(moments)}")
@@ -190,6 +190,16 @@ def _layers_recomputed(model):
     finally:
         for layer in layers:
             del layer.forward  # the class's own again
+
+
+def capture_gradients(model, ids: torch.Tensor, accumulate: Callable[[int, torch.Tensor, torch.Tensor], None],
+                      progress: Progress = _quiet) -> dict[int, torch.Tensor]:
+    """Forward + backward of the (N, S) windows, one at a time: accumulate(layer, x, g) of each window's (S - SKIP, d)
+    rows x of every full-attention layer and their gradients g (module docstring); returns the sampled rows.
+    Needs autograd: call it outside inference mode."""
+    rope = Rope.from_config(model.config.get_text_config(decoder=True))
+    with _weights_out_of_autograd(model), _layers_recomputed(model):
+        return _capture(model, ids, rope, accumulate, progress)
 
 
 def capture_rows(model, ids: torch.Tensor, progress: Progress = _quiet) -> dict[int, torch.Tensor]:
