@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from codeckv.cache.calibration import calibration_for  # noqa: E402
 from codeckv.cache.calibration_fit import capture_gradients  # noqa: E402
+from codeckv.cli.types import positive  # noqa: E402
+from codeckv.codecs.pca import ecsq  # noqa: E402
 from codeckv.corpus import SOURCES, text_windows  # noqa: E402
 from codeckv.measure.table import format_table  # noqa: E402
 from codeckv.models import load_model  # noqa: E402
@@ -42,7 +44,7 @@ def errors(loaded, coders: dict, ids: torch.Tensor) -> dict[int, tuple[float, fl
     def accumulate(index: int, x: torch.Tensor, g: torch.Tensor) -> None:
         coder = coders[index]
         y = (x - coder.mean) @ coder.enc
-        coded = torch.round(y / coder.step) * coder.step
+        coded = ecsq(y, coder.step).float() * coder.step  # the codes' values at the calibrated step
         error = coded @ coder.dec + coder.mean - x
         row = sums.setdefault(index, [0.0, 0.0, 0])
         row[0] += float((y - coded).pow(2).sum())
@@ -57,8 +59,8 @@ def errors(loaded, coders: dict, ids: torch.Tensor) -> dict[int, tuple[float, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tier", default="pca-8x", help="a PCA tier (default pca-8x)")
-    parser.add_argument("--windows", type=int, default=4, help="windows of each text (default 4, as quality reads)")
-    parser.add_argument("--length", type=int, default=512, help="tokens per window (default 512, as quality reads)")
+    parser.add_argument("--windows", type=positive, default=4, help="windows of each text (default 4)")
+    parser.add_argument("--length", type=positive, default=512, help="tokens per window (default 512)")
     args = parser.parse_args()
     tier = get_tier(args.tier)
     if tier.joint is None:
