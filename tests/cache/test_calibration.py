@@ -190,14 +190,13 @@ def test_the_chunked_loss_gives_the_gradients_of_the_whole_logits(loaded, monkey
 
     ids = calibration.calibration_windows(loaded.tokenizer, 2, 3 * calibration_fit.LOSS_CHUNK + 5)
     assert calibration_fit._head_reproduces_logits(loaded.model, ids[:1, :16]), "smollm2's loss is chunked"
-    rope = Rope.from_config(loaded.model.config)
 
     def gradients(chunked: bool) -> dict[int, torch.Tensor]:
         monkeypatch.setattr(calibration_fit, "_head_reproduces_logits", lambda *_: chunked)
         found: dict[int, list] = {}
-        with torch.inference_mode(False), calibration_fit._weights_out_of_autograd(loaded.model):
-            calibration_fit._capture(loaded.model, ids.clone(), rope, lambda i, x, g: found.setdefault(i, []).append(g),
-                                     calibration_fit._quiet)
+        with torch.inference_mode(False):
+            calibration_fit.capture_gradients(loaded.model, ids.clone(),
+                                              lambda i, x, g: found.setdefault(i, []).append(g))
         return {i: torch.cat(g) for i, g in found.items()}
 
     whole, chunked = gradients(False), gradients(True)
