@@ -2,9 +2,10 @@
 
 An orthonormal rotation spreads a few outlier channels over all coordinates and
 makes each coordinate close to Gaussian, so a scalar quantizer after it loses far
-less. The rotation is fixed by `seed` and head_dim D (a power of two):
+less. The rotation is fixed by `seed` and head_dim D:
 
-    Q = diag(signs) @ Hadamard(D) / sqrt(D)        # (D, D), orthonormal
+    Q = diag(signs) @ Hadamard(D) / sqrt(D)        # (D, D), orthonormal; D a power of two
+    Q = diag(signs) @ blockdiag(Hadamard(b), ...) / sqrt(b)   # other D: b the largest power of two dividing D
     encode: y = x @ Q, then inner.encode(y)        # x: (B, H, S, D) as rows
     decode: x = inner.decode(...) @ Q.T
 
@@ -29,13 +30,15 @@ from codeckv.codecs.quant import GroupQuant
 
 @functools.cache
 def _matrix(head_dim: int, seed: int) -> torch.Tensor:
-    """Q = diag(signs) @ Hadamard / sqrt(D): (D, D) float32 on CPU."""
+    """Q = diag(signs) @ blockdiag(Hadamard(b), ...) / sqrt(b): (D, D) float32 on CPU, b the largest power of two
+    dividing D (b = D for a power of two: one Hadamard over every channel)."""
+    block = head_dim & -head_dim  # the largest power of two dividing head_dim
     hadamard = torch.ones(1, 1)
-    while hadamard.shape[0] < head_dim:
+    while hadamard.shape[0] < block:
         hadamard = torch.cat([torch.cat([hadamard, hadamard], 1), torch.cat([hadamard, -hadamard], 1)])
     generator = torch.Generator().manual_seed(seed)
     signs = torch.randint(0, 2, (head_dim,), generator=generator).float() * 2 - 1  # (D,)
-    return signs[:, None] * hadamard / head_dim**0.5
+    return signs[:, None] * torch.block_diag(*[hadamard] * (head_dim // block)) / block**0.5
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,8 @@ class Rotation:
 
     def matrix(self, head_dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """The orthonormal rotation Q (D, D) float32: encode applies x @ Q, decode y @ Q.T."""
-        if head_dim < 1 or head_dim & (head_dim - 1):
-            raise ValueError(
-                f"Rotation: head_dim={head_dim} must be a power of two (allowed: 1, 2, 4, ..., 64, 128, 256)"
-            )
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+            raise ValueError(f"Rotation: head_dim={head_dim!r} must be a positive integer")
         return _matrix(head_dim, self.seed).to(device)
 
     def encode(self, x: torch.Tensor) -> Encoded:

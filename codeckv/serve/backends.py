@@ -31,6 +31,7 @@ def tier_backends(device: str, head_dim: int, dtype: str) -> dict[str, dict[str,
         if tier.joint is not None:
             table[name] = {"encode": PCA_PATH, "decode": PCA_PATH, "attention": PCA_ATTENTION}
             continue
+        tier = tier.for_head_dims(head_dim, head_dim)  # as the cache fits it to the model's heads (codecs/fit.py)
         paths = op_backends(tier.key, tier.value, device_type, head_dim, getattr(torch, dtype))
         table[name] = {op: _both(paths[f"{op} K"], paths[f"{op} V"]) for op in ("encode", "decode")}
         table[name]["attention"] = paths["attention"]

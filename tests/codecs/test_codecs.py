@@ -22,6 +22,7 @@ from codeckv.codecs import (
     pack_bits,
     unpack_bits,
 )
+from codeckv.codecs.fit import for_head_dim
 from codeckv.tiers import TIERS
 
 # Every codec of every tier, plus configurations no tier uses (odd groups, per-channel, nesting).
@@ -312,7 +313,7 @@ def test_lloyd_max_beats_min_max_at_equal_bytes(bits: int, lm_group: int, mm_gro
 # ---------------------------------------------------------------------------- rotation
 
 
-@pytest.mark.parametrize("head_dim", [1, 2, 64, 128])
+@pytest.mark.parametrize("head_dim", [1, 2, 64, 128, 80, 96, 192])  # 80, 96, 192: blocks of 16, 32, 64 channels
 @pytest.mark.parametrize("seed", [0, 3])
 def test_rotation_is_orthonormal(head_dim: int, seed: int) -> None:
     rotation = Rotation(inner=DCT(block_size=1, k=1), seed=seed)  # an exact inner codec
@@ -324,6 +325,32 @@ def test_rotation_is_orthonormal(head_dim: int, seed: int) -> None:
     torch.testing.assert_close(
         rotation.decode(rotation.encode(x)), x, atol=1e-5, rtol=1e-5, msg="inverse rotation does not recover x"
     )
+
+
+def test_rotation_spreads_an_outlier_over_its_block() -> None:
+    """head_dim 80: a block-diagonal Hadamard of 16-channel blocks; a spike in one channel becomes 16 equal ones."""
+    spike = torch.zeros(80)
+    spike[37] = 4.0
+    rotated = spike @ Rotation().matrix(80)
+    assert (rotated.abs() > 0).sum() == 16 and torch.allclose(rotated.abs()[rotated != 0], torch.tensor(1.0))
+    assert (rotated[32:48] != 0).all(), "the spike's own block of 16"
+
+
+@pytest.mark.parametrize("codec, head_dim, group, unchanged", [
+    (GroupQuant(bits=8, group=32), 80, 16, False), (GroupQuant(bits=8, group=32), 64, 32, True),
+    (GroupQuant(bits=4, group=32, per_channel=True), 80, 32, True),  # per-channel groups span tokens
+    (Rotation(inner=LloydMaxQuant(bits=4, group=32)), 48, 16, False),
+    (DCT(k=8, coeffs=GroupQuant(bits=8, group=64)), 96, 32, False),
+])
+def test_codecs_fit_any_head_dim(codec, head_dim: int, group: int, unchanged: bool) -> None:
+    fitted = for_head_dim(codec, head_dim)
+    leaf = fitted
+    while hasattr(leaf, "inner") or hasattr(leaf, "coeffs"):
+        leaf = getattr(leaf, "inner", None) or leaf.coeffs
+    assert leaf.group == group and (fitted is codec) == unchanged
+    x = random_kv(32, head_dim=head_dim)
+    got = fitted.decode(fitted.encode(x))
+    assert got.shape == x.shape and (got - x).norm() / x.norm() < 0.1
 
 
 def test_rotation_depends_only_on_seed() -> None:
@@ -364,7 +391,7 @@ INVALID_INPUTS = [  # (codec, input shape, expected message fragment)
     (GroupQuant(bits=4, group=48), (1, 1, 4, 64), r"divide head_dim=64 \(allowed: \[1, 2, 4, 8, 16, 32, 64\]\)"),
     (GroupQuant(bits=3, group=4), (1, 1, 4, 12), "multiple of 8"),
     (LloydMaxQuant(bits=2, group=2), (1, 1, 4, 6), "multiple of 4"),
-    (Rotation(), (1, 1, 4, 48), "power of two"),
+    (Rotation(), (1, 1, 4, 40), r"group=32 must divide head_dim=40"),  # a tier fits it first (codecs/fit.py)
     (GroupQuant(), (4, 64), r"\(B, H, S, D\)"),
 ]
 

@@ -15,7 +15,7 @@ CASES = {
     "turbo-4-value-odd-length": (TIERS["turbo-4"].value, (2, 2, 37, 64)),
     "turbo-4-key-per-channel": (TIERS["turbo-4"].key, (1, 2, 64, 64)),
     "turbo-3-key-per-channel": (TIERS["turbo-3"].key, (1, 2, 32, 64)),
-    "int8-d96": (TIERS["int8"].key, (1, 3, 19, 96)),
+    "int8-d96": (TIERS["int8"].value, (1, 3, 19, 96)),
     "rotated-lloyd-max2-per-channel": (Rotation(inner=LM2_PER_CHANNEL), (1, 2, 32, 32)),
     "rotated-gq3-seed5": (Rotation(inner=GroupQuant(bits=3, group=32), seed=5), (1, 2, 9, 64)),
     "lloyd-max3-g8-d48": (LloydMaxQuant(bits=3, group=8), (1, 2, 11, 48)),

@@ -56,8 +56,15 @@ def test_a_layout_the_kernels_cannot_take_gives_the_kernels_reason():
 
 
 def test_a_shape_the_codec_refuses_is_said_for_every_op():
-    paths = op_backends(TIERS["turbo-4"].key, TIERS["turbo-4"].value, "cuda", head_dim=48)
-    assert all(p.startswith("none (Rotation: head_dim=48 must be a power of two") for p in paths.values())
+    paths = op_backends(TIERS["turbo-3"].key, TIERS["turbo-3"].value, "cuda", head_dim=12)
+    assert all(p.startswith("none (GroupQuant: head_dim=12 at bits=3 does not pack") for p in paths.values())
+
+
+def test_a_head_dim_the_presets_do_not_divide_is_fitted_first():
+    """head_dim 48: turbo-4's value groups shrink to 16 (codecs/fit.py); the rotation's kernel wants a power of two."""
+    table = tier_backends("cuda", 48, "bfloat16")
+    assert table["turbo-4"]["encode"] == ("K: triton rotate_quant · V: torch (the rotation needs head_dim a power of "
+                                          "two >= 16, not 48)")
 
 
 def test_tier_table_covers_every_codec_tier():
