@@ -211,12 +211,15 @@ def run_memory(contexts, tiers, new_tokens, model_name, stop=None, progress=gr.P
 
 @guarded
 def model_panel(model_name):
-    """Load (once) the chosen model and describe it; slider ranges follow its shape."""
+    """Load (once) the chosen model and describe it; slider ranges follow its shape; its PCA tiers are calibrated
+    in the background, as the default model's are (the tier picker's timer shows them)."""
     info = POOL.get(model_name).info
+    PREPARATION.start(model_name)
     return (
         model_markdown(info),
         gr.update(maximum=len(info.layer_types) - 1),
         gr.update(maximum=info.num_kv_heads - 1),
+        gr.Timer(active=bool(preparation_text())),
     )
 
 
@@ -397,8 +400,8 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         memory_rows = gr.Dataframe(label="bytes per cache", interactive=False, elem_id="memory-results")
         memory_csv = gr.File(label="download CSV")
 
-    demo.load(model_panel, model_name, [model_info, layer, head])
-    model_name.change(model_panel, model_name, [model_info, layer, head])
+    demo.load(model_panel, model_name, [model_info, layer, head, preparing])
+    model_name.change(model_panel, model_name, [model_info, layer, head, preparing])
     chat_inputs = [message, document, upload, model_name, tier_name, max_tokens, decoded_view,
                    *chat_advanced, session]
     chat_outputs = [native_chat, codec_chat, native_stats, codec_stats, message, document, upload, session]

@@ -6,11 +6,15 @@ one from the knobs of the app's "Advanced" panel. Each preset declares beside it
 `max_rel_error`, the bound its round trip must meet on the test signal of
 tests/codecs (a random-walk KV-like tensor with noise and outlier channels).
 
-Why the turbo tiers quantize keys per channel without rotating them: key outliers
-sit in fixed channels and vary slowly along the sequence, so per-channel groups of
-tokens (KIVI) fit them best, and a rotation would smear them into every
-coordinate. Values have no such structure; a random Hadamard rotation makes them
-Gaussian, where Lloyd-Max levels with one searched fp16 scale per group win.
+Why the turbo tiers and int8 quantize keys per channel without rotating them: key
+outliers sit in fixed channels and vary slowly along the sequence, so per-channel
+groups of tokens (KIVI) fit them best, and a rotation would smear them into every
+coordinate. On Qwen2.5-Coder-0.5B, whose k_proj bias gives a few key channels
+values far above the rest, per-token int8 groups spent their range on those channels
+(KLD 0.0023 on Genesis); per-channel keys at the same bytes gave 0.00001, a Hadamard
+rotation before per-token groups 0.0004 (docs/quality.md, "Outlier keys"). Values have
+no such structure; a random Hadamard rotation makes them Gaussian, where Lloyd-Max
+levels with one searched fp16 scale per group win.
 
 The pca tiers code keys and values of a layer together (`joint`, codecs/pca.py): their redundancy lies
 across channels and heads, not along the sequence, and a calibrated per-layer basis finds it. They
@@ -28,16 +32,19 @@ from codeckv.codecs.bitpack import ALLOWED_BITS
 from codeckv.codecs.cast import Cast
 from codeckv.codecs.dct import DCT
 from codeckv.codecs.delta import Delta
+from codeckv.codecs.fit import for_head_dim
 from codeckv.codecs.lloyd_max import LloydMaxQuant
 from codeckv.codecs.pca import JointPCA
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rotation import Rotation
 
+MAX_RAW_TOKENS = 1 << 20  # keep_first / keep_recent at most: far past any context a cache here holds
+
 
 def _check_count(value: int, name: str) -> None:
-    """Raise ValueError unless value is a non-negative integer."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name}={value!r} must be a non-negative integer (0 = off)")
+    """Raise ValueError unless value is an integer in 0..MAX_RAW_TOKENS."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RAW_TOKENS:
+        raise ValueError(f"{name}={value!r} must be an integer in 0..{MAX_RAW_TOKENS} (0 = off)")
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,14 @@ class Tier:
         """True when neither keys nor values are encoded, on any layer."""
         plain = self.key is None and self.value is None and self.joint is None
         return plain and all(tier.is_native for _, tier in self.per_layer)
+
+    def for_head_dims(self, key_dim: int, value_dim: int) -> Tier:
+        """This tier with its codecs fitted to keys of key_dim and values of value_dim channels (codecs/fit.py):
+        itself where they fit already (every preset on head_dim 64, 128, 256)."""
+        key, value = for_head_dim(self.key, key_dim), for_head_dim(self.value, value_dim)
+        if key is self.key and value is self.value:
+            return self
+        return dataclasses.replace(self, key=key, value=value)
 
     def tier_at(self, index: int) -> Tier:
         """The plain tier of model layer `index`: its per_layer entry, else this tier without the schedule."""
@@ -164,8 +179,8 @@ TIERS: dict[str, Tier] = _tiers(
     ),
     Tier(
         "int8",
-        "8-bit min/max per token, groups of 32 channels",
-        key=GroupQuant(bits=8, group=32),
+        "K 8-bit min/max per channel (32 tokens), V 8-bit min/max per token (groups of 32 channels)",
+        key=GroupQuant(bits=8, group=32, per_channel=True),
         value=GroupQuant(bits=8, group=32),
         max_rel_error=0.01,
     ),
@@ -179,6 +194,7 @@ TIERS: dict[str, Tier] = _tiers(
     _turbo("turbo-4", key_bits=4, value_bits=4, max_rel_error=0.09),
     _turbo("turbo-3", key_bits=3, value_bits=3, max_rel_error=0.18),
     _turbo("turbo-k4v2", key_bits=4, value_bits=2, max_rel_error=0.35),
+    _pca("pca-5x", 3.2),
     _pca("pca-8x", 2.0),
     _pca("pca-16x", 1.0),
     _pca("pca-32x", 0.5),

@@ -4,7 +4,8 @@ Every tensor a codec stores is (B, H, N, ...) with N proportional to the tokens 
 encodes (codecs/base.py), so appending a chunk is one slice write per tensor into a
 preallocated buffer that grows by a fraction of its rows when full (no minimum: a short
 archive holds little slack) — never a concatenation of the history.
-Bytes written stay untouched until `truncate` (crop) or a batch reorder.
+Bytes written stay untouched until `truncate` (crop), `drop_front` (a sliding window moved past them) or a batch
+reorder.
 """
 
 from __future__ import annotations
@@ -81,6 +82,17 @@ class Archive:
         for name in self._rows:
             self._rows[name] = self._rows[name] * tokens // self.tokens
         self.tokens = tokens
+
+    def drop_front(self, tokens: int) -> None:
+        """Forget the first `tokens` archived tokens (whole blocks, which a sliding window moved past): the rest moves
+        to the front of the buffers."""
+        if tokens <= 0:
+            return
+        for name, used in self._rows.items():
+            rows, buffer = used * tokens // self.tokens, self._buffers[name]
+            buffer[:, :, : used - rows] = buffer[:, :, rows:used].clone()
+            self._rows[name] = used - rows
+        self.tokens -= tokens
 
     def trim(self) -> None:
         """Drop the capacity slack: every buffer becomes an exact-size copy of its used rows (a cache at rest)."""

@@ -8,9 +8,10 @@ A CodedLayer (codeckv/cache/coded_layer.py) returns shape-only "meta" tensors ta
 `codec_attention`, registered in transformers' AttentionInterface, recognizes the tag and runs
 kernels.decode_attention on the layer's segments (Triton on CUDA, the chunked torch reference
 elsewhere), then archives what the new tokens completed (so a prefill chunk is raw in one layer at a
-time, not in every layer until the next forward). Untagged keys (native layers, sliding-window layers, a
-materialized CodecLayer) go to transformers' SDPA unchanged, so a model routed here attends exactly as
-with SDPA on any other cache.
+time, not in every layer until the next forward). Untagged keys (native layers, a materialized CodecLayer) go to
+transformers' SDPA unchanged, so a model routed here attends exactly as with SDPA on any other cache. Only a model
+that has an SDPA path is routed here: one whose attention SDPA cannot compute (Gemma-2's softcapped scores,
+gpt-oss's learned sinks) keeps its own, and its caches a decoded view.
 A StackedCache (codeckv/cache/stacked.py) tags its keys with its members' outputs: each member's rows of
 the batch attend to that member's keys alone, by the same rules.
 """
@@ -44,9 +45,13 @@ def codec_attention(
         return _stacked_attention(module, query, members, attention_mask, dropout, scaling, **kwargs)
     layer = getattr(key, TAG, None)
     if layer is None:
+        if key.is_meta:  # a CodedLayer's shapes that the model transformed before attention (e.g. MLA's expansion)
+            raise ValueError("codeckv attention: this model transforms the cached keys before attention, so attention "
+                             "cannot read their codes (allowed: make_cache(..., materialization_free=False))")
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") or dropout:
-        raise ValueError("codeckv attention: softcap, sliding windows and dropout are not supported on codec layers")
+    if dropout:
+        raise ValueError("codeckv attention: dropout is not supported on the stored codes (allowed: eval mode, or "
+                         "make_cache(..., materialization_free=None or False), a decoded view)")
     if not layer.archive_k.tokens:  # nothing archived yet (a first prefill): plain SDPA on the raw tokens
         keys, values = layer.raw()
         out = sdpa_attention_forward(module, query, keys, values, attention_mask, dropout, scaling, **kwargs)[0]
@@ -76,8 +81,12 @@ def register() -> None:
 
 
 def use_codec_attention(model) -> None:
-    """Make `model` attend through codec_attention (safe for any cache: non-codec layers still use SDPA)."""
-    if model.config._attn_implementation == ATTENTION:
+    """Make `model` attend through codec_attention (safe for any cache: non-codec layers still use SDPA).
+
+    A model without an SDPA path (Gemma-2's softcapped scores, gpt-oss's learned sinks) keeps its own attention:
+    codec caches then hold a decoded view for it (codec_cache.codes_reason).
+    """
+    if model.config._attn_implementation == ATTENTION or not getattr(model, "_supports_sdpa", True):
         return
     register()
     model.set_attn_implementation(ATTENTION)

@@ -41,7 +41,7 @@ from codeckv.corpus import bible_held_out_text, corpus_text, leading_tokens
 from codeckv.paths import cache_dir
 from codeckv.tiers import TIERS, Tier
 
-VERSION = 4  # bump when the calibration recipe or the saved format changes: old files are then ignored
+VERSION = 5  # bump when the calibration recipe or the saved format changes: old files are then ignored
 WAIT_POLL_SECONDS = 0.5  # a caller waiting for another calibration reports its progress this often
 
 
@@ -333,7 +333,7 @@ def _read_basis(model: str, windows: int, length: int) -> tuple[Basis, str] | No
             layers = state["layers"]
             basis = Basis({i: s["mean"] for i, s in layers.items()}, {i: s["half"] for i, s in layers.items()},
                           {i: s["scale"] for i, s in layers.items()}, state["heads"], state["head_dim"],
-                          Rope(state["head_dim"], state["rope_theta"]))
+                          Rope.from_state(state["rope"]))
             _BASES[path] = basis, _digest(basis)
     return _BASES.get(path)
 
@@ -358,7 +358,7 @@ def _save_basis(path: Path, model: str, basis: Basis) -> str:
     """Save a basis (fp16 analysis matrices, their scales, the means, the geometry) -> its digest."""
     layers = {i: {"mean": basis.means[i], "half": basis.halves[i], "scale": basis.scales[i]} for i in basis.means}
     _save(path, {"version": VERSION, "model": model, "heads": basis.heads, "head_dim": basis.head_dim,
-                 "rope_theta": basis.rope.theta, "layers": layers})
+                 "rope": basis.rope.state(), "layers": layers})
     digest = _digest(basis)
     _BASES[path] = basis, digest
     return digest

@@ -39,7 +39,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
-from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, get_layer_types_and_kwargs
+from transformers.cache_utils import (
+    DYNAMIC_LAYER_TYPE_MAPPING,
+    Cache,
+    LinearAttentionCacheLayerMixin,
+    get_layer_types_and_kwargs,
+)
 
 from codeckv.codecs.ans import EntropyTable
 from codeckv.codecs.pca import JointPCA, LayerCoder, ecsq
@@ -154,12 +159,13 @@ def fit_basis(model, ids: torch.Tensor, progress: Progress = _quiet) -> tuple[Ba
     def accumulate(index: int, x: torch.Tensor, g: torch.Tensor) -> None:
         moments.setdefault(index, _Moments(x.shape[1])).add(x, g)
 
-    rows = capture_gradients(model, ids, accumulate, lambda f, m: progress(0.9 * f, m))
+    geometry: dict[str, int] = {}
+    rows = capture_gradients(model, ids, accumulate, lambda f, m: progress(0.9 * f, m), geometry)
     means, halves, scales = {}, {}, {}
     for done, (index, m) in enumerate(sorted(moments.items())):
         progress(0.9 + 0.1 * done / len(moments), f"fitting the basis of layer {done + 1} of {len(moments)}")
         means[index], halves[index], scales[index] = _whitened_pca(m)
-    return Basis(means, halves, scales, config.num_key_value_heads, rope.head_dim, rope), rows
+    return Basis(means, halves, scales, geometry["heads"], geometry["head_dim"], rope), rows
 
 
 @contextmanager
@@ -176,13 +182,32 @@ def _weights_out_of_autograd(model):
             p.requires_grad_(flag)
 
 
+def decoder(model) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
+    """The module that runs `model`'s decoder layers (called with inputs_embeds and a cache, it returns
+    last_hidden_state), and those layers in order: the module list as long as the config's layer count (`layers` in
+    most families, `h` in GPT-2's and Falcon's, `blocks` in MPT's) and its parent."""
+    count = model.config.get_text_config(decoder=True).num_hidden_layers
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            parent = name.rpartition(".")[0]
+            return (model.get_submodule(parent) if parent else model), list(module)
+    raise ValueError(f"{type(model).__name__}: no list of {count} decoder layers found (allowed: a transformers "
+                     "decoder-only model)")
+
+
 @contextmanager
 def _layers_recomputed(model):
     """Each decoder layer of `model` checkpointed for a while (torch.utils.checkpoint, non-reentrant): a window's
     forward keeps only every layer's input, and the backward recomputes one layer at a time, so the activations of
     one layer, not of all, are held (smollm2-135m, 512-token windows in fp32: the pass's peak fell from 1,234 to
-    717 MiB above the loaded model with it and malloc_trim between tables, `python -m codeckv calibrate`)."""
-    layers = list(model.get_decoder().layers)
+    717 MiB above the loaded model with it and malloc_trim between tables, `python -m codeckv calibrate`).
+    A model with a layer that keeps another state than keys and values (linear attention, whose recomputation would
+    update its state twice) keeps every layer's activations instead."""
+    kinds, _ = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    if any(issubclass(DYNAMIC_LAYER_TYPE_MAPPING[kind], LinearAttentionCacheLayerMixin) for kind in kinds):
+        yield
+        return
+    layers = decoder(model)[1]
     for layer in layers:
         layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
     try:
@@ -193,13 +218,14 @@ def _layers_recomputed(model):
 
 
 def capture_gradients(model, ids: torch.Tensor, accumulate: Callable[[int, torch.Tensor, torch.Tensor], None],
-                      progress: Progress = _quiet) -> dict[int, torch.Tensor]:
+                      progress: Progress = _quiet, geometry: dict | None = None) -> dict[int, torch.Tensor]:
     """Forward + backward of the (N, S) windows, one at a time: accumulate(layer, x, g) of each window's (S - SKIP, d)
     rows x of every full-attention layer and their gradients g (module docstring); returns the sampled rows.
-    Needs autograd: call it outside inference mode."""
+    geometry, if given, receives the cached states' "heads" and key "head_dim". Needs autograd: call it outside
+    inference mode."""
     rope = Rope.from_config(model.config.get_text_config(decoder=True))
     with _weights_out_of_autograd(model), _layers_recomputed(model):
-        return _capture(model, ids, rope, accumulate, progress)
+        return _capture(model, ids, rope, accumulate, progress, geometry)
 
 
 def capture_rows(model, ids: torch.Tensor, progress: Progress = _quiet) -> dict[int, torch.Tensor]:
@@ -209,9 +235,11 @@ def capture_rows(model, ids: torch.Tensor, progress: Progress = _quiet) -> dict[
         return _capture(model, ids, Rope.from_config(config), None, progress)
 
 
-def _capture(model, ids: torch.Tensor, rope: Rope, accumulate, progress: Progress) -> dict[int, torch.Tensor]:
+def _capture(model, ids: torch.Tensor, rope: Rope, accumulate, progress: Progress,
+             geometry: dict | None = None) -> dict[int, torch.Tensor]:
     """One pass over the windows: per full-attention layer, the (N * ceil((S - SKIP) / every), d) float32
-    sampled rows; with `accumulate`, a backward too, and accumulate(layer, x, g) of each window's rows."""
+    sampled rows; with `accumulate`, a backward too, and accumulate(layer, x, g) of each window's rows. geometry:
+    as capture_gradients'."""
     if ids.shape[1] <= SKIP + 1:
         raise ValueError(f"calibration windows of {ids.shape[1]} tokens are too short (allowed: > {SKIP + 1})")
     config = model.config.get_text_config(decoder=True)
@@ -238,8 +266,10 @@ def _capture(model, ids: torch.Tensor, rope: Rope, accumulate, progress: Progres
                 # tensors alive past the window (~50 MB a window otherwise)
                 found = torch.autograd.grad(loss, [*states, embeds])[:-1]
             else:
-                model.get_decoder()(inputs_embeds=embeds, cache=Cache(layers=layers), use_cache=True)
+                decoder(model)[0](inputs_embeds=embeds, cache=Cache(layers=layers), use_cache=True)
                 states = [t for i in full for t in layers[i].captured]
+        if geometry is not None:  # what the cache holds (MLA: one latent "head", not the attention's heads)
+            geometry.update(heads=states[0].shape[1], head_dim=states[0].shape[3])
         for j, index in enumerate(full):
             x = _vectors(rope, *(t.detach().float() for t in states[2 * j : 2 * j + 2]))
             if index not in rows:
@@ -263,7 +293,7 @@ def _head_reproduces_logits(model, ids: torch.Tensor) -> bool:
     loss can be computed LOSS_CHUNK positions at a time. A model whose head does more falls back to whole logits."""
     with torch.no_grad():
         want = model(ids).logits[0].float()
-        got = _logits(model, model.get_decoder()(ids).last_hidden_state)[0].float()
+        got = _logits(model, decoder(model)[0](ids).last_hidden_state)[0].float()
     return want.shape == got.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
 
@@ -279,7 +309,7 @@ def _summed_nll(model, embeds: torch.Tensor, targets: torch.Tensor, cache: Cache
     if not chunked:
         logits = model(inputs_embeds=embeds, cache=cache, use_cache=True).logits[0, :-1]
         return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
-    hidden = model.get_decoder()(inputs_embeds=embeds, cache=cache, use_cache=True).last_hidden_state[0, :-1]
+    hidden = decoder(model)[0](inputs_embeds=embeds, cache=cache, use_cache=True).last_hidden_state[0, :-1]
     return sum(checkpoint(_chunk_nll, model, hidden[lo : lo + LOSS_CHUNK], targets[lo : lo + LOSS_CHUNK],
                           use_reentrant=False) for lo in range(0, hidden.shape[0], LOSS_CHUNK))
 

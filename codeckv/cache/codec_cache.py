@@ -1,4 +1,4 @@
-"""CodecCache: a real `transformers` Cache whose full-attention layers store KV through a codec tier.
+"""CodecCache: a real `transformers` Cache whose attention layers store KV through a codec tier.
 
     cache = make_cache(model.config, "turbo-4")                  # DynamicCache for "native"
     model.generate(input_ids, cache=cache, max_new_tokens=64)
@@ -6,8 +6,11 @@
     cache = make_cache(loaded, "pca-8x")                         # a LoadedModel: PCA tiers get their calibration
     cache = make_cache(config, "turbo-4", raw_until=None)        # raw until the tier's own N, as the Chat builds it
 
-One codec layer per full-attention layer (cache/layers.py, coded_layer.py, pca_layer.py); other layers
-(sliding window, linear attention) keep their native transformers layer. `materialization_free` picks where
+One codec layer per full-attention layer (cache/layers.py, coded_layer.py, pca_layer.py) and per sliding-window
+layer (which drops its tokens as the window moves), except for a PCA tier, calibrated on full attention; other
+layers (linear attention, a PCA tier's windows) keep their native transformers layer (cache/schedule.py,
+codes_layer). A model whose attention cannot read stored codes (codes_reason: not routed through
+codeckv's attention, MLA's latent) gets a decoded view. `materialization_free` picks where
 attention reads the archive (None: the stored codes wherever a kernel reads them, else a decoded view);
 `attention` reports it per layer. docs/architecture.md has the table of modes. Each layer holds its first
 tokens raw, as a native layer, until archiving pays off when asked (`raw_until=None`: the tier's own N, what the
@@ -28,6 +31,7 @@ from transformers.cache_utils import (
     Cache,
     DynamicCache,
     DynamicLayer,
+    DynamicSlidingWindowLayer,
     get_layer_types_and_kwargs,
 )
 
@@ -35,11 +39,12 @@ from codeckv.cache.calibration import Calibration, Deferred, budget_shares, cali
 from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.flush import flush_layers
 from codeckv.cache.footprint import Footprint, LayerFootprint
+from codeckv.cache.hybrid_layer import HYBRID, HybridCodecLayer, HybridCodedLayer
 from codeckv.cache.kernel_ops import layout_of
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
 from codeckv.cache.saved_format import save_cache
-from codeckv.cache.schedule import layer_tiers, schedule
+from codeckv.cache.schedule import WINDOWED, layer_tiers, schedule
 from codeckv.codecs.layout import NoRowLayout
 from codeckv.loaded import LoadedModel
 from codeckv.tiers import Tier, as_tier
@@ -97,15 +102,17 @@ class CodecCache(Cache):
         complete unit, None = the tier's own N (cache/layers.py).
         """
         tier = _tier(tier, overrides)
-        if materialization_free is None and not _attends_on_codes(config):
-            materialization_free = False  # SDPA cannot read the codes: a model not routed through cache/attention.py
+        why_not = codes_reason(config)
+        if why_not is not None and materialization_free:
+            raise ValueError(f"materialization_free=True: attention cannot read this model's stored codes: {why_not} "
+                             "(allowed: None, which keeps a decoded view here, or False)")
+        if why_not is not None:
+            materialization_free = False
         layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-        new_layer = _codec_layer(tier, materialization_free, calibration, layer_types, raw_until)
-        layers = [
-            new_layer(index) if kind == "full_attention" and not tier.tier_at(index).is_native
-            else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs)
-            for index, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs))
-        ]
+        new_layer = _codec_layer(tier, materialization_free, calibration, layer_types, raw_until, layer_kwargs)
+        coded = [t is not None and not t.is_native for t in layer_tiers(tier, layer_types)]
+        layers = [new_layer(index) if coded[index] else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs)
+                  for index, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs))]
         return cls(layers, tier)
 
     @classmethod
@@ -124,16 +131,21 @@ class CodecCache(Cache):
         tier = _tier(tier, overrides)
         if tier.is_native:
             raise ValueError(f"tier '{tier.name}' is native: keep the cache itself (allowed: a tier that encodes)")
-        full = ["full_attention" if type(layer) is DynamicLayer else type(layer).__name__ for layer in cache.layers]
-        new_layer = _codec_layer(tier, materialization_free, calibration, full, raw_until)
+        kinds = {DynamicLayer: "full_attention", DynamicSlidingWindowLayer: "sliding_attention"}
+        layer_types = [kinds.get(type(layer), type(layer).__name__) for layer in cache.layers]
+        layer_kwargs = [{"sliding_window": getattr(layer, "sliding_window", None)} for layer in cache.layers]
+        new_layer = _codec_layer(tier, materialization_free, calibration, layer_types, raw_until, layer_kwargs)
+        coded = [t is not None and not t.is_native for t in layer_tiers(tier, layer_types)]
         layers = []
         for index, layer in enumerate(cache.layers):
-            if type(layer) is not DynamicLayer or tier.tier_at(index).is_native:
+            if not coded[index]:
                 layers.append(copy.deepcopy(layer))
                 continue
             converted = new_layer(index)
             if layer.is_initialized and layer.keys is not None and layer.keys.numel():
-                converted.adopt(layer.keys, layer.values)
+                held = layer.keys.shape[2]
+                first = getattr(layer, "cumulative_length", held) - held  # the tokens a window dropped
+                converted.adopt(layer.keys, layer.values, first)
             layers.append(converted)
         result = cls(layers, tier)
         result.flush()
@@ -142,9 +154,12 @@ class CodecCache(Cache):
     def flush(self) -> None:
         """Archive now what the next update would archive (e.g. a prompt right after its prefill, to time it).
 
-        Batched across layers (codeckv/cache/flush.py).
+        Batched across layers (codeckv/cache/flush.py); sliding-window layers then drop what their window moved past.
         """
-        flush_layers([layer for layer in self.layers if isinstance(layer, CodecLayer)])
+        layers = [layer for layer in self.layers if isinstance(layer, CodecLayer)]
+        flush_layers(layers)
+        for layer in layers:
+            layer._slide()
 
     def compact(self) -> None:
         """Hold the cache at rest: each codec layer keeps its archive and raw tokens only, no decoded view.
@@ -192,11 +207,25 @@ def _tier(tier: Tier | str, overrides: dict) -> Tier:
     return dataclasses.replace(tier, **overrides) if overrides else tier
 
 
-def _attends_on_codes(config) -> bool:
-    """True when the model of `config` attends through codeckv.cache.attention (load_model, use_codec_attention)."""
+def codes_reason(config) -> str | None:
+    """Why attention cannot read the stored codes of a model with `config`, whatever the tier (None: it can).
+
+    The codes are read by codeckv.cache.attention, which a model reaches only when it attends through transformers'
+    AttentionInterface with it installed (load_model does; use_codec_attention(model) otherwise), and only where the
+    model hands the cached keys and values to attention as they are, with scores attention computes plainly.
+    """
     from codeckv.cache.attention import ATTENTION  # attention.py imports the layers; imported here, not at the top
 
-    return getattr(config, "_attn_implementation", None) == ATTENTION
+    text = config.get_text_config(decoder=True)
+    if getattr(config, "_attn_implementation", None) != ATTENTION:
+        return ("the model does not attend through codeckv's attention function: load it with codeckv.load_model or "
+                "call codeckv.cache.attention.use_codec_attention(model), which routes models that attend through "
+                "transformers' AttentionInterface and have an SDPA path (Falcon's attention uses no interface; "
+                "Gemma-2's softcapped scores and gpt-oss's learned sinks have no SDPA path: they keep their own)")
+    if getattr(text, "kv_lora_rank", None):
+        return ("its cache holds the compressed latent of multi-head latent attention (MLA), which the model expands "
+                "into keys and values (kv_b_proj) before attention reads them")
+    return None
 
 
 def view_reason(tier: Tier) -> str | None:
@@ -220,12 +249,18 @@ def view_reason(tier: Tier) -> str | None:
 
 
 def _codec_layer(tier: Tier, materialization_free: bool | None, calibration, layer_types: list[str],
-                 raw_until: int | None):
+                 raw_until: int | None, layer_kwargs: list[dict]):
     """A function: layer index -> a new codec layer of that layer's tier, after checking that every one can be built.
 
-    tier: a plain tier, or a per-layer schedule (checked against the model's layers: codeckv/cache/schedule.py).
+    tier: a plain tier, or a per-layer schedule (checked against the model's layers: codeckv/cache/schedule.py);
+    layer_kwargs: what transformers builds each layer with (a window's sliding_window, a hybrid's number_of_states).
     """
     plain = {t for t in layer_tiers(tier, layer_types) if t is not None and not t.is_native}
+    if not plain and not tier.is_native:
+        kinds = ", ".join(sorted(set(layer_types)))
+        raise ValueError(f"tier '{tier.name}' codes none of this model's layers ({kinds}): PCA tiers code "
+                         "full-attention layers only (allowed: a per-tensor tier, e.g. turbo-4, which codes "
+                         "sliding-window layers too)")
     pca = [t for t in plain if t.joint is not None]
     if isinstance(calibration, Calibration | Deferred) and len(pca) == 1:
         calibrations = {pca[0].joint: calibration}  # one PCA tier: the calibration given is its own
@@ -233,7 +268,7 @@ def _codec_layer(tier: Tier, materialization_free: bool | None, calibration, lay
         calibrations = _by_spec(calibration)
     served = layer_tiers(tier, layer_types)
     builders = {t: _plain_codec_layer(t, materialization_free, calibrations.get(t.joint), layer_types,
-                                      [i for i, at in enumerate(served) if at == t], raw_until)
+                                      [i for i, at in enumerate(served) if at == t], raw_until, layer_kwargs)
                 for t in plain}
     return lambda index: builders[tier.tier_at(index)](index)
 
@@ -251,7 +286,7 @@ def _by_spec(calibration) -> dict:
 
 
 def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibration: Calibration | None,
-                       layer_types: list[str], layers: list[int], raw_until: int | None):
+                       layer_types: list[str], layers: list[int], raw_until: int | None, layer_kwargs: list[dict]):
     """A function: layer index -> a new codec layer of the plain `tier`, after checking that it can be built.
 
     layers: the model layers that get `tier` (a PCA tier shares its budget among them: budget_shares).
@@ -260,9 +295,16 @@ def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibratio
     if materialization_free is None:
         materialization_free = view_reason(tier) is None
     if tier.joint is None:
-        if materialization_free:
-            return lambda index: CodedLayer(tier, short_view, raw_until)
-        return lambda index: CodecLayer(tier, raw_until)
+        def per_tensor_layer(index: int) -> CodecLayer:
+            kind, kwargs = layer_types[index], layer_kwargs[index]
+            window = kwargs.get("sliding_window") if kind in WINDOWED else None
+            extra = {"number_of_states": kwargs.get("number_of_states", 1)} if kind in HYBRID else {}
+            if materialization_free:
+                cls = HybridCodedLayer if kind in HYBRID else CodedLayer
+                return cls(tier, short_view, raw_until, window, **extra)
+            return (HybridCodecLayer if kind in HYBRID else CodecLayer)(tier, raw_until, window, **extra)
+
+        return per_tensor_layer
     if materialization_free:
         raise ValueError(f"tier '{tier.name}' codes keys and values jointly with entropy-coded chunks, which no "
                          "kernel reads: materialization_free=True is not supported (allowed: None or False, a view)")
@@ -319,13 +361,19 @@ def make_cache(source, tier: Tier | str, materialization_free: bool | None = Non
 
 
 def footprint(cache: Cache) -> Footprint:
-    """Bytes held by any cache: a CodecCache, or a native DynamicCache (whose archive is what it holds)."""
+    """Bytes held by any cache: a CodecCache, or a native DynamicCache (whose archive is what it holds).
+
+    The totals count a CodecCache's codec layers (and a full-attention layer a schedule leaves native), and every
+    layer of a native cache that holds keys and values; the other layers are counted apart (native_layer_bytes).
+    """
     result = Footprint()
+    native = not isinstance(cache, CodecCache)
     for index, layer in enumerate(cache.layers):
         if isinstance(layer, CodecLayer):
             result.layers.append(layer.footprint(index))
         else:
-            result.layers.append(_native_footprint(index, layer))
+            counted = type(layer) is DynamicLayer or (native and isinstance(layer, DynamicLayer))
+            result.layers.append(_native_footprint(index, layer, counted))
     return result
 
 
@@ -344,10 +392,10 @@ def held_bytes(cache: Cache) -> int:
     return total
 
 
-def _native_footprint(index: int, layer) -> LayerFootprint:
+def _native_footprint(index: int, layer, counted: bool) -> LayerFootprint:
     """A native layer: what it holds is both its archive and its resident bytes, every token raw."""
     kind = type(layer).__name__
-    full_attention = type(layer) is DynamicLayer
+    full_attention = counted
     keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
     if keys is None or keys.numel() == 0:
         return LayerFootprint(index, kind, full_attention, 0, 0, 0, 0)

@@ -33,20 +33,23 @@ class CodedLayer(CodecLayer):
     """A CodecLayer without the decoded view: attention runs on the stored codes (module docstring).
 
     short_view: decode steps at a short context read a decoded view (module docstring; make_cache's default
-    path asks for it); False = the codes always. raw_until: as CodecLayer's.
+    path asks for it); False = the codes always. raw_until, window: as CodecLayer's.
     """
 
-    def __init__(self, tier: Tier, short_view: bool = False, raw_until: int | None = 0) -> None:
+    def __init__(self, tier: Tier, short_view: bool = False, raw_until: int | None = 0,
+                 window: int | None = None) -> None:
         self.short_view = short_view
-        super().__init__(tier, raw_until)
+        super().__init__(tier, raw_until, window)
 
     def _reads_view(self, key_states: torch.Tensor) -> bool:
         """True when its decode steps would read a short context's view (no compiled kernel reads these codes)."""
         return self.short_view and not self._codes_compiled(key_states)
 
     def _reset_state(self) -> None:
-        self.length = 0  # tokens held
-        self.archived_upto = self.tier.keep_first  # tokens [keep_first, archived_upto) are archived
+        self.length = 0  # tokens seen: the position of the next one
+        self.first = 0  # position of the first token held (a sliding window dropped the ones before it)
+        self._hidden = 0  # held tokens at the front that the current forward's queries do not see (a window)
+        self.archived_upto = self.tier.keep_first  # tokens [archive_start, archived_upto) are archived
         self.archive_k, self.archive_v = Archive(tight=True), Archive(tight=True)
         self._sinks: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, H, <= keep_first, D) raw
         self._tail: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [archived_upto, length) raw
@@ -95,27 +98,28 @@ class CodedLayer(CodecLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.flush()
-        new = key_states.shape[2]
+        new, held = key_states.shape[2], self.held
         sinks = min(max(self.tier.keep_first - self.length, 0), new)
         if sinks:
             self._sinks = _cat(self._sinks, key_states[:, :, :sinks], value_states[:, :, :sinks])
         if sinks < new:
             self._tail = _cat(self._tail, key_states[:, :, sinks:], value_states[:, :, sinks:])
-        if self.length + new > SHORT_VIEW_TOKENS:
+        if held + new > SHORT_VIEW_TOKENS:
             self._drop_view()
         elif self.on_view:
-            self._ensure_capacity(key_states, self.length + new)
-            self._view_k[:, :, self.length : self.length + new] = key_states
-            self._view_v[:, :, self.length : self.length + new] = value_states
+            self._ensure_capacity(key_states, held + new)
+            self._view_k[:, :, held : held + new] = key_states
+            self._view_v[:, :, held : held + new] = value_states
+        self._hidden = self._visible_from()
         self.length += new
-        if (self.short_view and new == 1 and not self.on_view and self.length <= SHORT_VIEW_TOKENS
+        if (self.short_view and new == 1 and not self.on_view and self.held <= SHORT_VIEW_TOKENS
                 and self.archive_k.tokens and not self._codes_compiled(key_states)):
             self._build_view(key_states, value_states)  # a decode step at a short context (module docstring)
         if self.on_view:
-            self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
-            return self.keys, self.values
-        self.keys, self.values = self._shapes(key_states, value_states)
-        keys, values = self._shapes(key_states, value_states)
+            self.keys, self.values = self._view_k[:, :, : self.held], self._view_v[:, :, : self.held]
+            return self.keys[:, :, self._hidden :], self.values[:, :, self._hidden :]
+        self.keys, self.values = self._shapes(key_states, value_states, self.held)
+        keys, values = self._shapes(key_states, value_states, self.held - self._hidden)
         setattr(keys, TAG, self)
         setattr(values, TAG, self)
         return keys, values
@@ -128,24 +132,39 @@ class CodedLayer(CodecLayer):
     def _build_view(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Decode every held token into a new view of the layer's length (later steps grow it: _ensure_capacity)."""
         b, h, _, d = key_states.shape
-        self._view_k = key_states.new_empty((b, h, self.length, d))
-        self._view_v = value_states.new_empty((b, h, self.length, value_states.shape[3]))
+        self._view_k = key_states.new_empty((b, h, self.held, d))
+        self._view_v = value_states.new_empty((b, h, self.held, value_states.shape[3]))
         parts = [self._sinks, self._decode_archive(key_states) if self.archive_k.tokens else None, self._tail]
         at = 0
         for keys, values in (part for part in parts if part is not None):
             self._view_k[:, :, at : at + keys.shape[2]], self._view_v[:, :, at : at + keys.shape[2]] = keys, values
             at += keys.shape[2]
 
-    def _shapes(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, H, length, D) meta tensors: shapes for whoever asks, no storage."""
+    def _shapes(self, key_states: torch.Tensor, value_states: torch.Tensor,
+                tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, H, tokens, D) meta tensors: shapes for whoever asks, no storage."""
         b, h, _, d = key_states.shape
-        keys = torch.empty((b, h, self.length, d), dtype=key_states.dtype, device="meta")
-        values = torch.empty((b, h, self.length, value_states.shape[3]), dtype=value_states.dtype, device="meta")
+        keys = torch.empty((b, h, tokens, d), dtype=key_states.dtype, device="meta")
+        values = torch.empty((b, h, tokens, value_states.shape[3]), dtype=value_states.dtype, device="meta")
         return keys, values
 
+    def _held_changed(self) -> None:
+        """keys / values: the view's tokens, or shapes of every held token."""
+        if self.on_view:
+            super()._held_changed()
+        elif self.keys is not None:
+            self.keys, self.values = self._shapes(self.keys, self.values, self.held)
+
+    def _drop_front(self, tokens: int, archived: int) -> None:
+        """As CodecLayer's (the archive and any short view), and the raw tail's dropped tokens."""
+        super()._drop_front(tokens, archived)
+        if tokens > archived and self._tail is not None:
+            self._tail = tuple(t[:, :, tokens - archived :].clone() for t in self._tail)
+
     @torch.inference_mode()
-    def adopt(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Take (B, H, S, D) states as this empty layer's first tokens; the tail stays a view of them until flush."""
+    def adopt(self, key_states: torch.Tensor, value_states: torch.Tensor, first: int = 0) -> None:
+        """Take (B, H, S, D) states as this empty layer's tokens from position `first` (a window's: the tokens before
+        it dropped); the tail stays a view of them until flush."""
         if self.length:
             raise ValueError("adopt(): the layer already holds tokens")
         if not self.is_initialized:
@@ -153,9 +172,11 @@ class CodedLayer(CodecLayer):
         sinks = min(self.tier.keep_first, key_states.shape[2])
         if sinks:
             self._sinks = key_states[:, :, :sinks].clone(), value_states[:, :, :sinks].clone()
-        self.length = key_states.shape[2]
-        self.keys, self.values = self._shapes(key_states, value_states)
-        if sinks < self.length:
+        if first:
+            self.first = self.archived_upto = first
+        self.length = first + key_states.shape[2]
+        self.keys, self.values = self._shapes(key_states, value_states, self.held)
+        if sinks < key_states.shape[2]:
             tail = key_states[:, :, sinks:], value_states[:, :, sinks:]
             self._tail = tail if self._archivable() else (tail[0].clone(), tail[1].clone())  # flush clones the rest
 
@@ -169,7 +190,7 @@ class CodedLayer(CodecLayer):
         k, v = self._tail
         self._tail = (k[:, :, count:].clone(), v[:, :, count:].clone())
         if self.on_view:  # the view holds what attention on the codes would read: the decoded tokens
-            span = slice(self.archived_upto, self.archived_upto + count)
+            span = slice(self.archived_upto - self.first, self.archived_upto - self.first + count)
             self._view_k[:, :, span], self._view_v[:, :, span] = decoded
         self.archived_upto += count
 
@@ -189,12 +210,18 @@ class CodedLayer(CodecLayer):
     def attend(self, query: torch.Tensor, mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
         """Attention of query (B, Hq, T, D) on every held token: (B, Hq, T, Dv).
 
-        mask: transformers' (B, 1, T, S) mask, or None = causal (the last T tokens are the queries).
+        mask: transformers' (B, 1, T, S) mask over the tokens update() returned, or None = causal (the last T tokens
+        are the queries); a window's held tokens before those (`_hidden`) are hidden from every query.
         """
-        t = query.shape[2]
-        if mask is None and t > 1:
-            pos = torch.arange(self.length, device=query.device)
-            mask = (pos[None, :] <= pos[self.length - t :, None])[None, None]  # (1, 1, T, S)
+        t, held, hidden = query.shape[2], self.held, self._hidden
+        if mask is None and (t > 1 or hidden):
+            pos = torch.arange(held, device=query.device)
+            mask = ((pos[None, :] <= pos[held - t :, None]) & (pos[None, :] >= hidden))[None, None]  # (1, 1, T, S)
+        elif mask is not None and hidden:
+            shape = (*mask.shape[:-1], hidden)
+            pad = (torch.zeros(shape, dtype=torch.bool, device=mask.device) if mask.dtype == torch.bool
+                   else torch.full(shape, float("-inf"), dtype=mask.dtype, device=mask.device))
+            mask = torch.cat([pad, mask[..., -(held - hidden) :]], dim=-1)
         return decode_attention(query, self.segments(), scale, mask)
 
     def raw(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,13 +239,13 @@ class CodedLayer(CodecLayer):
         if not self._shorten(tokens_to_remove):
             return
         self._drop_view()
-        keep_first = self.tier.keep_first
+        start = self.archive_start
         if self._sinks is not None:
-            self._sinks = tuple(t[:, :, : min(self.length, keep_first)] for t in self._sinks)
+            self._sinks = tuple(t[:, :, : min(self.length, self.tier.keep_first)] for t in self._sinks)
         kept = self._archived_after_crop()
         tail = [] if self._tail is None else [self._tail]
-        if keep_first + kept < self.archived_upto:
-            archived = self.archived_upto - keep_first
+        if start + kept < self.archived_upto:
+            archived = self.archived_upto - start
             back = [
                 decode(slice_encoded(archive.encoded(), kept, archived), codec)
                 for codec, archive in ((self.tier.key, self.archive_k), (self.tier.value, self.archive_v))
@@ -226,7 +253,7 @@ class CodedLayer(CodecLayer):
             tail = [tuple(back)] + tail
             self.archive_k.truncate(kept)
             self.archive_v.truncate(kept)
-            self.archived_upto = keep_first + kept
+            self.archived_upto = start + kept
         if tail:
             held = max(self.length - self.archived_upto, 0)
             self._tail = tuple(torch.cat([p[i] for p in tail], dim=2)[:, :, :held].clone() for i in (0, 1))

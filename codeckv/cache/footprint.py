@@ -23,7 +23,7 @@ class LayerFootprint:
 
     layer: int
     kind: str  # "codec", or the class name of a native layer
-    full_attention: bool  # counted in the totals; other native layers (sliding, linear) are counted apart
+    full_attention: bool  # counted in the totals (codec_cache.footprint says which); other layers are counted apart
     tokens: int
     archive_bytes: int  # everything a codec cache must keep: codes, scales, zeros, anchors, raw tokens
     resident_bytes: int  # archive + materialized view + capacity slack: what is really allocated
@@ -63,7 +63,8 @@ class Footprint:
 
     @property
     def native_layer_bytes(self) -> int:
-        """Bytes held by layers that are not full attention and keep their native cache (sliding, linear)."""
+        """Bytes held by the layers counted apart: native layers a tier does not code (linear attention, a PCA
+        tier's sliding windows)."""
         return self._sum("resident_bytes", False)
 
     @property
@@ -78,7 +79,7 @@ class Footprint:
         return self._sum("code_bytes") / reference if reference else math.nan
 
     def _tokens(self, attr: str) -> int:
-        """A token count of the first full-attention layer (every codec layer holds the same tokens)."""
+        """A token count of the first counted layer (every full-attention codec layer holds the same tokens)."""
         return next((getattr(f, attr) for f in self.layers if f.full_attention), 0)
 
     @property

@@ -11,6 +11,12 @@ Each forward attends its own new tokens at full precision (as a real prefill doe
 the next update every complete unit of tokens that left the recent window is encoded and appended to
 the archive. A unit is lcm(key block, value block, MIN_ARCHIVE_TOKENS) tokens.
 
+A sliding-window layer (`window`, the tokens a query sees, itself included) is a KV cache too: it holds its
+tokens the same way, without sinks, and drops them from the front as the window moves past them, whole archived
+units at a time (a raw token as soon as it leaves), so it holds at most unit - 1 tokens more than transformers'
+DynamicSlidingWindowLayer. It answers that layer's mask sizes and returns exactly the tokens that layer would, so
+the two can sit side by side in one cache; footprint() counts its bf16 reference as the tokens that layer holds.
+
 Raw until N. A layer that has archived nothing holds its tokens as a native layer does (exact-size, the same
 bytes) while it holds fewer than `raw_until` tokens; from then on it archives every complete unit, the first
 tokens included, as a layer that archived from the start would. `raw_until=0`, the default, archives from the
@@ -52,6 +58,12 @@ from codeckv.tiers import Tier
 
 MIN_ARCHIVE_TOKENS = 8
 SHORT_VIEW_TOKENS = 2048  # a short context (module docstring): a layer that would read a view holds it raw up to here
+
+
+def check_window(window: int | None) -> None:
+    """Raise ValueError unless window is None (full attention) or a sliding window of at least 2 tokens."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2):
+        raise ValueError(f"window={window!r} must be None (full attention) or a sliding window of at least 2 tokens")
 
 
 def view_raw_until(tier: Tier, unit: int) -> int:
@@ -99,16 +111,21 @@ class CodecLayer(DynamicLayer):
 
     is_compileable = False
     is_croppable = True
+    padded = False  # set up for a left-padded batch (set_left_padding): its sinks hold the pad tokens
     variable_length: tuple[str, ...] = ()  # names of export_state tensors whose length differs across layers
 
-    def __init__(self, tier: Tier, raw_until: int | None = 0) -> None:
+    def __init__(self, tier: Tier, raw_until: int | None = 0, window: int | None = None) -> None:
         """raw_until: tokens held raw before the layer archives (0, the default: from the first complete unit); None:
-        the tier's own N (module docstring, "Raw until N"), settled at the first update."""
+        the tier's own N (module docstring, "Raw until N"), settled at the first update. window: a sliding-window
+        layer's window (module docstring); None for full attention."""
         super().__init__()
         if tier.key is None or tier.value is None:
             raise ValueError(f"tier '{tier.name}' does not encode both keys and values; native layers use "
                              "transformers' DynamicLayer")
-        self.tier = tier
+        check_window(window)
+        self.window = window
+        self.is_sliding = window is not None  # transformers builds a sliding mask for the layers that say so
+        self.tier = dataclasses.replace(tier, keep_first=0) if window and tier.keep_first else tier  # no sinks
         # Tokens archived at a time: whole codec blocks, and at least MIN_ARCHIVE_TOKENS so that per-token
         # codecs (int8) encode once per 8 steps instead of paying an encode/decode call on every step.
         self.unit = math.lcm(tier.key.block_tokens, tier.value.block_tokens, MIN_ARCHIVE_TOKENS)
@@ -143,11 +160,22 @@ class CodecLayer(DynamicLayer):
     @property
     def holds_raw(self) -> bool:
         """True while nothing is archived: the layer holds its tokens as a native layer would."""
-        return self.archived_upto == self.tier.keep_first
+        return self.archived_upto == self.archive_start
+
+    @property
+    def archive_start(self) -> int:
+        """The position of the first archived token: after the sinks, or the first token a window still holds."""
+        return max(self.tier.keep_first, self.first)
+
+    @property
+    def held(self) -> int:
+        """Tokens held now: every token seen, less those a sliding window dropped."""
+        return self.length - self.first
 
     def _reset_state(self) -> None:
-        self.length = 0  # tokens held
-        self.archived_upto = self.tier.keep_first  # tokens [keep_first, archived_upto) are archived
+        self.length = 0  # tokens seen: the position of the next one
+        self.first = 0  # position of the first token held (a sliding window dropped the ones before it)
+        self.archived_upto = self.tier.keep_first  # tokens [archive_start, archived_upto) are archived
         self.archive_k, self.archive_v = Archive(), Archive()
         self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
         self._view_v: torch.Tensor | None = None
@@ -155,7 +183,10 @@ class CodecLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
+        self.value_dim = value_states.shape[3]  # values may be narrower than keys (MLA's latent and its RoPE part)
         self.is_initialized = True
+        if self.tier.joint is None:  # groups that do not divide these heads' channels shrink (codecs/fit.py)
+            self.tier = self.tier.for_head_dims(key_states.shape[3], value_states.shape[3])
         if self.raw_until_asked is None:
             self.raw_until = self.own_raw_until(key_states, value_states)
 
@@ -166,24 +197,64 @@ class CodecLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         self.restore()
         self.flush()
-        new = key_states.shape[2]
-        self._ensure_capacity(key_states, self.length + new)
-        self._view_k[:, :, self.length : self.length + new] = key_states
-        self._view_v[:, :, self.length : self.length + new] = value_states
+        new, held = key_states.shape[2], self.held
+        self._ensure_capacity(key_states, held + new)
+        self._view_k[:, :, held : held + new] = key_states
+        self._view_v[:, :, held : held + new] = value_states
+        visible = self._visible_from()
         self.length += new
-        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
-        return self.keys, self.values
+        self.keys, self.values = self._view_k[:, :, : self.held], self._view_v[:, :, : self.held]
+        return self.keys[:, :, visible:], self.values[:, :, visible:]
+
+    def _visible_from(self) -> int:
+        """Index of the first held token the next query sees: the tokens a DynamicSlidingWindowLayer would hand
+        attention begin there (get_mask_sizes); 0 for full attention."""
+        return 0 if self.window is None else max(self.length - self.window + 1, 0) - self.first
+
+    @torch.inference_mode()
+    def _slide(self) -> None:
+        """Drop what a sliding window moved past: whole archived units, and raw tokens once nothing before them is
+        held (module docstring); no query reads them again."""
+        if self.window is None:
+            return
+        needed = self.length - self.window + 1  # the first position the next query sees
+        cut = needed if needed >= self.archived_upto else self.first + (needed - self.first) // self.unit * self.unit
+        if cut <= self.first:
+            return
+        self._drop_front(cut - self.first, min(cut, self.archived_upto) - self.first)
+        self.first = cut
+        self.archived_upto = max(self.archived_upto, cut)
+        self._held_changed()
+
+    def _drop_front(self, tokens: int, archived: int) -> None:
+        """Forget the first `tokens` held tokens, `archived` of them archived: the rest moves to the front."""
+        self.archive_k.drop_front(archived)
+        self.archive_v.drop_front(archived)
+        if self._view_k is not None:
+            held = self.held
+            self._view_k[:, :, : held - tokens] = self._view_k[:, :, tokens:held].clone()
+            self._view_v[:, :, : held - tokens] = self._view_v[:, :, tokens:held].clone()
+
+    def _held_changed(self) -> None:
+        """keys / values are every held token again (the view's first `held`), after the front moved."""
+        if self._view_k is not None:
+            self.keys, self.values = self._view_k[:, :, : self.held], self._view_v[:, :, : self.held]
 
     @torch.inference_mode()
     def flush(self) -> None:
-        """Encode every complete block that is neither a sink nor in the recent window, then decode it into the view."""
+        """Encode every complete block that is neither a sink nor in the recent window, then decode it into the view;
+        a window drops what it moved past (call it between forwards: a view handed to attention moves)."""
         flush_layers([self])
+        self._slide()
 
     @torch.inference_mode()
-    def adopt(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Take (B, H, S, D) states as this empty layer's first tokens, without archiving them yet (flush does)."""
+    def adopt(self, key_states: torch.Tensor, value_states: torch.Tensor, first: int = 0) -> None:
+        """Take (B, H, S, D) states as this empty layer's tokens from position `first` (a window's: the tokens before
+        it dropped), without archiving them yet (flush does)."""
         if self.length:
             raise ValueError("adopt(): the layer already holds tokens")
+        if first:
+            self.first = self.length = self.archived_upto = first
         self.update(key_states, value_states)
 
     def set_left_padding(self, pads: torch.Tensor) -> None:
@@ -195,6 +266,7 @@ class CodecLayer(DynamicLayer):
         """
         if self.length:
             raise ValueError("set_left_padding(): the layer already holds tokens")
+        self.padded = int(pads.max()) > 0
         self.tier = dataclasses.replace(self.tier, keep_first=self.tier.keep_first + int(pads.max()))
         self._reset_state()
 
@@ -202,21 +274,21 @@ class CodecLayer(DynamicLayer):
 
     def _span(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The next `count` tokens to archive, (B, H, count, D) keys and values (views)."""
-        span = slice(self.archived_upto, self.archived_upto + count)
-        return self._view_k[:, :, span], self._view_v[:, :, span]
+        start = self.archived_upto - self.first
+        return self._view_k[:, :, start : start + count], self._view_v[:, :, start : start + count]
 
     def _archived(self, count: int, keys: Encoded, values: Encoded, decoded: tuple | None) -> None:
         """Store the archive of the next `count` tokens; their decoded (keys, values) replace them in the view."""
         self.archive_k.append(keys)
         self.archive_v.append(values)
-        span = slice(self.archived_upto, self.archived_upto + count)
-        self._view_k[:, :, span], self._view_v[:, :, span] = decoded
+        start = self.archived_upto - self.first
+        self._view_k[:, :, start : start + count], self._view_v[:, :, start : start + count] = decoded
         self.archived_upto += count
 
     def _archivable(self) -> int:
         """Tokens to archive now: whole units after the archive that are neither sinks nor in the recent window;
         none while the layer holds raw and fewer than raw_until tokens (module docstring, "Raw until N")."""
-        if self.holds_raw and (self.raw_until is None or self.length < self.raw_until):
+        if self.holds_raw and (self.raw_until is None or self.held < self.raw_until):
             return 0
         end = self.length - self.tier.keep_recent
         return max((end - self.archived_upto) // self.unit * self.unit, 0)
@@ -227,12 +299,15 @@ class CodecLayer(DynamicLayer):
             raise ValueError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove")
         if tokens_to_remove == 0 or not self.is_initialized:
             return False
+        if self.length + tokens_to_remove < self.first:
+            raise ValueError(f"crop({tokens_to_remove}): this sliding-window layer dropped the tokens before position "
+                             f"{self.first} already (allowed: at most {self.held} tokens)")
         self.length = max(self.length + tokens_to_remove, 0)
         return True
 
     def _archived_after_crop(self) -> int:
         """Archived tokens that stay after a crop: the whole units before the new end."""
-        return max(self.length - self.tier.keep_first, 0) // self.unit * self.unit
+        return max(self.length - self.archive_start, 0) // self.unit * self.unit
 
     def _ensure_capacity(self, like: torch.Tensor, needed: int) -> None:
         """Room in the view for `needed` tokens: exactly that while the layer holds raw (as a native layer),
@@ -241,25 +316,27 @@ class CodecLayer(DynamicLayer):
         if needed <= capacity:
             return
         capacity = needed if self.holds_raw else grown_capacity(capacity, needed)
+        held = self.held
         b, h, _, d = like.shape
         grown_k = like.new_empty((b, h, capacity, d))
-        grown_v = like.new_empty((b, h, capacity, self._head_dim_v(like)))
+        grown_v = like.new_empty((b, h, capacity, self.value_dim))
         if self._view_k is not None:
-            grown_k[:, :, : self.length] = self._view_k[:, :, : self.length]
-            grown_v[:, :, : self.length] = self._view_v[:, :, : self.length]
+            grown_k[:, :, :held] = self._view_k[:, :, :held]
+            grown_v[:, :, :held] = self._view_v[:, :, :held]
         self._view_k, self._view_v = grown_k, grown_v
-
-    def _head_dim_v(self, like: torch.Tensor) -> int:
-        return like.shape[3] if self._view_v is None else self._view_v.shape[3]
 
     def get_seq_length(self) -> int:
         return self.length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
+        """(kv length, kv offset) of the next forward's mask: a DynamicSlidingWindowLayer's for a window."""
+        if self.window is None:
+            return self.length + query_length, 0
+        offset = max(self.length - self.window + 1, 0)
+        return self.length - offset + query_length, offset
 
     def get_max_length(self) -> int:
-        return -1
+        return -1 if self.window is None else self.window
 
     def reset(self) -> None:
         self.keys = self.values = None
@@ -277,11 +354,11 @@ class CodecLayer(DynamicLayer):
         if not self._shorten(tokens_to_remove):
             return
         kept = self._archived_after_crop()
-        if self.tier.keep_first + kept < self.archived_upto:
-            self.archived_upto = self.tier.keep_first + kept
+        if self.archive_start + kept < self.archived_upto:
+            self.archived_upto = self.archive_start + kept
             self.archive_k.truncate(kept)
             self.archive_v.truncate(kept)
-        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+        self.keys, self.values = self._view_k[:, :, : self.held], self._view_v[:, :, : self.held]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx)
@@ -295,7 +372,7 @@ class CodecLayer(DynamicLayer):
         self._view_k, self._view_v = self._view_k.index_select(0, indices), self._view_v.index_select(0, indices)
         self.archive_k.select_batch(indices)
         self.archive_v.select_batch(indices)
-        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+        self.keys, self.values = self._view_k[:, :, : self.held], self._view_v[:, :, : self.held]
 
     @torch.inference_mode()
     def batch_repeat_interleave(self, repeats: int) -> None:
@@ -306,7 +383,7 @@ class CodecLayer(DynamicLayer):
         self._view_v = self._view_v.repeat_interleave(repeats, dim=0)
         self.archive_k.repeat_batch(repeats)
         self.archive_v.repeat_batch(repeats)
-        self.keys, self.values = self._view_k[:, :, : self.length], self._view_v[:, :, : self.length]
+        self.keys, self.values = self._view_k[:, :, : self.held], self._view_v[:, :, : self.held]
 
     def footprint(self, layer: int) -> LayerFootprint:
         """Bytes for the tokens held, after archiving whatever is archivable (design.md definitions)."""
@@ -314,7 +391,7 @@ class CodecLayer(DynamicLayer):
             rest = self._rest
             return self._footprint(layer, rest.values_per_token, rest.sink_keys.element_size(), rest.nbytes)
         if self._view_k is None:
-            return LayerFootprint(layer, "codec", True, 0, 0, 0, 0)
+            return LayerFootprint(layer, self._kind, True, 0, 0, 0, 0)
         self.flush()
         view = (self._view_k.numel() + self._view_v.numel()) * self._view_k.element_size()
         b, h, _, d = self._view_k.shape
@@ -333,7 +410,8 @@ class CodecLayer(DynamicLayer):
         """The sinks and the raw tail as exact-size tensors (copies from the view, or those kept at rest)."""
         if self._rest is not None:
             return self._rest
-        sinks, tail = min(self.length, self.tier.keep_first), slice(min(self.archived_upto, self.length), self.length)
+        sinks = min(self.length, self.tier.keep_first)
+        tail = slice(min(self.archived_upto, self.length) - self.first, self.held)
         k, v = self._view_k, self._view_v
         return RawTokens(k[:, :, :sinks].clone(), v[:, :, :sinks].clone(), k[:, :, tail].clone(), v[:, :, tail].clone())
 
@@ -355,16 +433,16 @@ class CodecLayer(DynamicLayer):
             return 0.0
         start, rest = time.perf_counter(), self._rest
         b, h, _, d = rest.sink_keys.shape
-        view_k = rest.sink_keys.new_empty((b, h, self.length, d))  # exact: the next update grows it if it must
-        view_v = rest.sink_values.new_empty((b, h, self.length, rest.sink_values.shape[3]))
-        sinks, tail = rest.sink_keys.shape[2], slice(min(self.archived_upto, self.length), self.length)
+        view_k = rest.sink_keys.new_empty((b, h, self.held, d))  # exact: the next update grows it if it must
+        view_v = rest.sink_values.new_empty((b, h, self.held, rest.sink_values.shape[3]))
+        sinks, tail = rest.sink_keys.shape[2], slice(min(self.archived_upto, self.length) - self.first, self.held)
         view_k[:, :, :sinks], view_v[:, :, :sinks] = rest.sink_keys, rest.sink_values
-        if self.archived_upto > self.tier.keep_first:
-            archived = slice(self.tier.keep_first, self.archived_upto)
+        if self.archived_upto > self.archive_start:
+            archived = slice(self.archive_start - self.first, self.archived_upto - self.first)
             view_k[:, :, archived], view_v[:, :, archived] = self._decode_archive(rest.sink_keys)
         view_k[:, :, tail], view_v[:, :, tail] = rest.tail_keys, rest.tail_values
         self._view_k, self._view_v, self._rest = view_k, view_v, None
-        self.keys, self.values = view_k[:, :, : self.length], view_v[:, :, : self.length]
+        self.keys, self.values = view_k[:, :, : self.held], view_v[:, :, : self.held]
         if view_k.is_cuda:
             torch.cuda.synchronize(view_k.device)
         return time.perf_counter() - start
@@ -383,7 +461,8 @@ class CodecLayer(DynamicLayer):
         self.flush()
         tensors = dict(self._raw_tokens().tensors)
         tensors.update(self._archive_tensors())
-        return tensors, {"length": self.length, "archived_upto": self.archived_upto, "raw_until": self.raw_until}
+        counts = {"length": self.length, "archived_upto": self.archived_upto, "raw_until": self.raw_until}
+        return tensors, counts | ({"first": self.first} if self.window is not None else {})
 
     def _archive_tensors(self) -> dict[str, torch.Tensor]:
         if not self.archive_k.tokens:
@@ -399,16 +478,17 @@ class CodecLayer(DynamicLayer):
         rest = RawTokens(tensors["sink_keys"], tensors["sink_values"], tensors["tail_keys"], tensors["tail_values"])
         self.lazy_initialization(rest.sink_keys, rest.sink_values)
         self.length, self.archived_upto = counts["length"], counts["archived_upto"]
+        self.first = counts.get("first", 0)
         self.raw_until = counts["raw_until"]  # as saved: the file resumes archiving where its cache would have
         b, h, _, d = rest.sink_keys.shape
         meta = {"dtype": rest.sink_keys.dtype, "device": "meta"}
-        self.keys = torch.empty((b, h, self.length, d), **meta)
-        self.values = torch.empty((b, h, self.length, rest.sink_values.shape[3]), **meta)
+        self.keys = torch.empty((b, h, self.held, d), **meta)
+        self.values = torch.empty((b, h, self.held, rest.sink_values.shape[3]), **meta)
         self._load_archive(tensors, rest)
         self._load_raw(rest)
 
     def _load_archive(self, tensors: dict[str, torch.Tensor], rest: RawTokens) -> None:
-        archived = self.archived_upto - self.tier.keep_first
+        archived = self.archived_upto - self.archive_start
         if archived <= 0:
             return
         for side, like in (("keys", rest.sink_keys), ("values", rest.sink_values)):
@@ -418,6 +498,11 @@ class CodecLayer(DynamicLayer):
 
     def _load_raw(self, rest: RawTokens) -> None:
         self._rest = rest
+
+    @property
+    def _kind(self) -> str:
+        """LayerFootprint.kind: "codec", or "codec, sliding W" for a window."""
+        return "codec" if self.window is None else f"codec, sliding {self.window}"
 
     def _stored(self) -> tuple[int, int, int]:
         """(tokens archived, bytes stored for them, bytes allocated for them)."""
@@ -430,13 +515,14 @@ class CodecLayer(DynamicLayer):
         sinks = min(self.length, self.tier.keep_first)
         after_archive = max(self.length - self.archived_upto, 0)
         window = min(self.tier.keep_recent, after_archive)
-        raw_bytes = (self.length - archived) * values_per_token * element_size
+        raw_bytes = (self.held - archived) * values_per_token * element_size
         resident = allocated + view_bytes
+        native = self.length if self.window is None else min(self.length, self.window - 1)  # what native holds
         return LayerFootprint(
-            layer, "codec", True, self.length,
+            layer, self._kind, True, self.held,
             archive_bytes=codes + raw_bytes,
             resident_bytes=resident,
-            bf16_bytes=self.length * values_per_token * 2,
+            bf16_bytes=native * values_per_token * 2,
             archived_tokens=archived,
             code_bytes=codes,
             sink_tokens=sinks,

@@ -56,6 +56,7 @@ class PCALayer(CodecLayer):
         if not share > 0:
             raise ValueError(f"share={share!r}: a layer's share of the budget must be positive")
         self.tier, self._coder, self.share, self._later = tier, coder, share, later
+        self.window, self.is_sliding = None, False  # full attention only (cache/schedule.py, codes_layer)
         self.unit = MIN_ARCHIVE_TOKENS  # tokens per stored chunk
         self.ask_raw_until(raw_until)
         self._reset_state()
@@ -95,6 +96,7 @@ class PCALayer(CodecLayer):
 
     def _reset_state(self) -> None:
         self.length = 0  # tokens held
+        self.first = 0  # a PCA layer is never a sliding window's: it holds every token from position 0
         self.archived_upto = self.tier.keep_first  # tokens [keep_first, archived_upto) are archived
         self.chunks: list[Chunk] = []  # one per `unit` archived tokens, in order
         self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail

@@ -3,8 +3,9 @@
     cache.save("chat.kvc", token_ids, loaded)      # CodecCache.save -> save_cache: the bytes written
     saved = load_cache("chat.kvc", loaded)          # cache/saved_load.py: SavedCache (.cache at rest, .token_ids)
 
-Format "codeckv-cache", version 2 (version 1, before per-layer schedules and PCA rate control, still loads
-its non-PCA caches; its PCA caches were coded with calibrations that no longer exist, which the calibration
+Format "codeckv-cache", version 3 (version 2, whose digest left the header out, and version 1, before per-layer
+schedules and PCA rate control, still load when they carry no application data: their `extra` could have been
+changed unseen; version 1's PCA caches were coded with calibrations that no longer exist, which the calibration
 digest refuses). The safetensors metadata holds one key, "codeckv", a JSON object:
 
     format, version       "codeckv-cache", 2
@@ -17,22 +18,25 @@ digest refuses). The safetensors metadata holds one key, "codeckv", a JSON objec
                           null (a schedule whose layers differ: the codes wherever the layer's tier allows)
     short_view            true when its codes layers chose a short context's decoded view by themselves (the
                           default path, codeckv/cache/coded_layer.py); absent = false
-    model                 name (null when not given), geometry (per layer: "codec" or "sliding" and its window;
-                          KV heads, head_dim, dtype), calibration (PCA tiers: sha256 of every layer's coder; else null)
+    model                 name (null when not given), geometry (per layer: "codec" (with its "window" where it
+                          slides) or "sliding" and its window; KV heads, head_dim, dtype), calibration (PCA tiers:
+                          sha256 of every layer's coder; else null)
     tokens, batch         tokens every layer holds; rows of the batch
-    layers                per model layer: {"kind": "codec", "length", "archived_upto", "raw_until"} or
-                          {"kind": "sliding", "cumulative_length"}; raw_until (cache/layers.py, "Raw until N"):
+    layers                per model layer: {"kind": "codec", "length", "archived_upto", "raw_until"} (and "first",
+                          the first position a sliding codec layer holds) or {"kind": "sliding",
+                          "cumulative_length"}; length: tokens seen; raw_until (cache/layers.py, "Raw until N"):
                           tokens the layer holds raw before it archives, null = never; absent (files written
                           before it) = 0, as those caches archived from the first unit
     splits                variable-length tensors (PCA streams): their length per layer
-    sha256                of every tensor (name and bytes, in name order)
+    sha256                of the header without this field (canonical JSON), then of every tensor (name and
+                          bytes, in name order); version 1 and 2: of the tensors only
     extra                 an application's own JSON (the Chat: the conversation's exchanges), or null
 
 Tensors: "token_ids" (B, T) int32, and per layer kind each tensor a layer exports (CodecLayer.export_state: the
 raw sinks and tail, the archive's code tensors or PCA streams, their lengths and rungs; a sliding layer: its
 window's keys and values) stacked over the layers of that kind on a new first axis, as "codec.<name>" /
-"sliding.<name>" (a 1-D variable-length one, concatenated). The codec layers of a schedule are stacked per tier,
-in the order the tiers first appear in the model's layers: "codec.<name>" for the first, "codec1.<name>",
+"sliding.<name>" (a 1-D variable-length one, concatenated). The codec layers of a schedule are stacked per tier
+and window, in the order they first appear in the model's layers: "codec.<name>" for the first, "codec1.<name>",
 "codec2.<name>", ... So a file is the cache's held bytes at rest (archive + raw tokens) plus the token ids and a
 header of a few KiB (`python -m codeckv saved-size` measures it per tier).
 
@@ -56,7 +60,7 @@ from pathlib import Path
 import safetensors
 import safetensors.torch
 import torch
-from transformers.cache_utils import DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
@@ -66,8 +70,8 @@ from codeckv.loaded import LoadedModel
 from codeckv.tiers import Tier
 
 FORMAT = "codeckv-cache"
-VERSION = 2  # 2: per-layer schedules; PCA chunks carry their rate-control rung ("rungs")
-READABLE_VERSIONS = (1, 2)
+VERSION = 3  # 2: per-layer schedules, PCA chunks' rate-control rungs ("rungs"); 3: the digest covers the header
+READABLE_VERSIONS = (1, 2, 3)
 MAX_FILE_BYTES = 512 << 20  # load_cache's default cap: an 8k-token lossless (png) cache of smollm2-135m fits
 MAX_HEADER_BYTES = 8 << 20  # the safetensors JSON header (the Chat's conversation text included)
 CODECS = {cls.__name__: cls for cls in (Cast, DCT, Delta, GroupQuant, LloydMaxQuant, Rotation)}
@@ -175,11 +179,15 @@ def model_and_name(source) -> tuple[object, str | None]:
 
 
 def _kinds(cache) -> list[dict]:
-    """Per layer of a CodecCache: {"kind": "codec"} or {"kind": "sliding", "window": W}; other layers are refused."""
+    """Per layer of a CodecCache: {"kind": "codec"} (with "window": W where it slides) or {"kind": "sliding",
+    "window": W}; other layers are refused."""
     kinds = []
     for index, layer in enumerate(cache.layers):
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            raise SavedCacheError(f"layer {index} keeps a linear-attention state beside its keys and values, which "
+                                  "this format cannot save (allowed: models whose layers are attention only)")
         if isinstance(layer, CodecLayer):
-            kinds.append({"kind": "codec"})
+            kinds.append({"kind": "codec"} if layer.window is None else {"kind": "codec", "window": layer.window})
         elif type(layer) is DynamicSlidingWindowLayer:
             kinds.append({"kind": "sliding", "window": layer.sliding_window})
         else:
@@ -205,16 +213,18 @@ def cache_geometry(cache) -> dict:
 
 
 def tensor_groups(cache) -> list[str]:
-    """Per layer, the group its tensors are stacked in: "sliding", or "codec", "codec1", ... by the layer's tier."""
-    tiers: list = []
+    """Per layer, the group its tensors are stacked in: "sliding", or "codec", "codec1", ... by the layer's tier and
+    window."""
+    kinds: list = []
     groups = []
     for layer in cache.layers:
         if not isinstance(layer, CodecLayer):
             groups.append("sliding")
             continue
-        if layer.tier not in tiers:
-            tiers.append(layer.tier)
-        position = tiers.index(layer.tier)
+        kind = (layer.tier, layer.window)
+        if kind not in kinds:
+            kinds.append(kind)
+        position = kinds.index(kind)
         groups.append(f"codec{position or ''}")
     return groups
 
@@ -229,9 +239,9 @@ def calibration_digest(coders: list) -> str:
     """sha256 of the layer coders of a PCA cache (basis, mean, step, entropy tables), in layer order."""
     digest = hashlib.sha256()
     for coder in coders:
-        for t in (coder.mean, coder.enc, coder.dec, *coder.table.state().values()):
+        for t in (coder.mean, coder.enc, coder.dec, *coder.table.state().values(), coder.rope.inv_freq):
             digest.update(_bytes(t))
-        digest.update(repr((coder.step, coder.heads, coder.head_dim, coder.rope.theta, coder.sink_tokens)).encode())
+        digest.update(repr((coder.step, coder.heads, coder.head_dim, coder.sink_tokens)).encode())
     return digest.hexdigest()
 
 
@@ -239,8 +249,13 @@ def _bytes(t: torch.Tensor) -> bytes:
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+def tensors_digest(tensors: dict[str, torch.Tensor], header: dict | None = None) -> str:
+    """sha256 of `header` (canonical JSON, its own "sha256" left out; None: none, versions 1 and 2), then of every
+    tensor, name and bytes, in name order."""
     digest = hashlib.sha256()
+    if header is not None:
+        fields = {key: value for key, value in header.items() if key != "sha256"}
+        digest.update(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode() + b"\0")
     for name in sorted(tensors):
         digest.update(name.encode() + b"\0")
         digest.update(_bytes(tensors[name]))
@@ -271,7 +286,7 @@ def save_cache(cache, path: str | Path, token_ids, model=None, extra=None) -> in
     grouped, variable = {group: {} for group in groups}, set()
     for index, (layer, group) in enumerate(zip(cache.layers, groups)):
         if isinstance(layer, CodecLayer):
-            if layer.tier != cache.tier.tier_at(index):
+            if layer.padded:
                 raise SavedCacheError(f"layer {index} was set up for a left-padded batch, which this format cannot "
                                       "save (allowed: rows without padding)")
             tensors, counts = layer.export_state()
@@ -308,9 +323,9 @@ def save_cache(cache, path: str | Path, token_ids, model=None, extra=None) -> in
         "materialization_free": _mode(cache),
         "short_view": any(getattr(layer, "short_view", False) for layer in cache.layers),
         "model": {"name": name, "geometry": geometry, "calibration": calibration_digest(pca) if pca else None},
-        "tokens": ids.shape[1], "batch": ids.shape[0], "layers": layers, "splits": splits,
-        "sha256": tensors_digest(tensors), "extra": extra,
+        "tokens": ids.shape[1], "batch": ids.shape[0], "layers": layers, "splits": splits, "extra": extra,
     }
+    header["sha256"] = tensors_digest(tensors, json.loads(json.dumps(header)))  # as a reader will parse it
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     safetensors.torch.save_file(tensors, str(tmp), metadata={"codeckv": json.dumps(header, separators=(",", ":"))})

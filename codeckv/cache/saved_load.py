@@ -41,7 +41,7 @@ from codeckv.cache.saved_format import (
     tier_from_spec,
 )
 from codeckv.cache.schedule import tiers_used
-from codeckv.codecs.pca import SINK_CODEC
+from codeckv.codecs.pca import sink_codec
 from codeckv.codecs.rate import SKIP
 from codeckv.loaded import LoadedModel
 
@@ -152,8 +152,12 @@ def load_cache(path: str | Path, source, max_bytes: int = MAX_FILE_BYTES, materi
     expected = _expected(cache, counts, groups, batch, tokens, geometry, model.dtype)
     _check_tensors(expected, shapes, splits)
     tensors = _read(path, sorted(expected))
-    if tensors_digest(tensors) != header.get("sha256"):
-        raise SavedCacheError("the file's tensors do not match its checksum: the file is corrupted")
+    if header["version"] < 3 and header.get("extra") is not None:
+        raise SavedCacheError(f"{Path(path).name} is version {header['version']}, whose checksum leaves out the "
+                              "application data it carries, so a change to it would go unseen (allowed: files of "
+                              "version 3, or without application data)")
+    if tensors_digest(tensors, header if header["version"] >= 3 else None) != header.get("sha256"):
+        raise SavedCacheError("the file's header or tensors do not match its checksum: the file is corrupted")
     ids = tensors["token_ids"].long()
     vocab = model.config.get_text_config(decoder=True).vocab_size
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
@@ -177,13 +181,18 @@ def _checked_counts(cache, layers: list, tokens: int, groups: list[str]) -> list
         if isinstance(layer, CodecLayer):
             length, upto = counts.get("length"), counts.get("archived_upto")
             raw_until = counts.get("raw_until", 0)  # absent: a file from before raw_until, archived from the start
-            keep_first, keep_recent = layer.tier.keep_first, layer.tier.keep_recent
+            first = counts.get("first", 0) if layer.window is not None else 0
+            start = max(layer.tier.keep_first, first) if _count(first) else -1  # where the archive begins
+            keep_recent = layer.tier.keep_recent
             valid = (counts.get("kind") == "codec" and _count(length) and _count(upto) and length == tokens
-                     and (raw_until is None or _count(raw_until))
-                     and keep_first <= upto <= max(length, keep_first) and (upto - keep_first) % layer.unit == 0)
-            held_raw = valid and upto == keep_first and (raw_until is None or length < raw_until)
+                     and (raw_until is None or _count(raw_until)) and _count(first) and start >= 0
+                     and start <= upto <= max(length, start) and (upto - start) % layer.unit == 0)
+            if valid and layer.window is not None:  # a window holds at least what transformers' would, some units more
+                valid = min(length, layer.window - 1) <= length - first < layer.window + 2 * layer.unit + keep_recent
+            held_raw = valid and upto == start and (raw_until is None or length - first < raw_until)
             valid = valid and (held_raw or length - keep_recent - upto < layer.unit)
             entry = {"kind": "codec", "length": length, "archived_upto": upto, "raw_until": raw_until}
+            entry |= {"first": first} if layer.window is not None else {}
         else:
             cumulative = counts.get("cumulative_length")
             valid = counts.get("kind") == "sliding" and cumulative == tokens
@@ -219,9 +228,10 @@ def _expected(cache, counts: list[dict], groups: list[str], batch: int, tokens: 
 def _expected_per_layer(layer, c: dict, b: int, h: int, d: int, dtype) -> dict:
     """{tensor name: (dtype, shape)} one codec layer of this tier exports holding the tokens its counts `c` say."""
     length, upto, keep_first = c["length"], c["archived_upto"], layer.tier.keep_first
+    start = max(keep_first, c.get("first", 0))
     sinks, tail = (dtype, (b, h, min(length, keep_first), d)), (dtype, (b, h, length - min(upto, length), d))
     per_layer = {"sink_keys": sinks, "sink_values": sinks, "tail_keys": tail, "tail_values": tail}
-    archived = upto - keep_first
+    archived = upto - start
     if archived > 0 and isinstance(layer, PCALayer):
         chunks = archived // layer.unit
         per_layer["stream_lengths"] = (torch.int32, (chunks,))
@@ -231,10 +241,11 @@ def _expected_per_layer(layer, c: dict, b: int, h: int, d: int, dtype) -> dict:
             rows = min(max(layer.coder.sink_tokens - keep_first - j * layer.unit, 0), layer.unit)
             if rows:
                 for side in ("keys", "values"):
-                    for name, t in SINK_CODEC.encode(torch.zeros(b, h, rows, d, dtype=dtype)).data.items():
+                    for name, t in sink_codec(d).encode(torch.zeros(b, h, rows, d, dtype=dtype)).data.items():
                         per_layer[f"sink{j}.{side}.{name}"] = (t.dtype, tuple(t.shape))
     elif archived > 0:
-        for side, codec_of in (("keys", layer.tier.key), ("values", layer.tier.value)):
+        fitted = layer.tier.for_head_dims(d, d)  # as the layer fits it to the states it holds (codecs/fit.py)
+        for side, codec_of in (("keys", fitted.key), ("values", fitted.value)):
             probe = codec_of.encode(torch.zeros(b, h, layer.unit, d, dtype=dtype))
             for name, t in probe.data.items():
                 shape = (*t.shape[:2], t.shape[2] * archived // layer.unit, *t.shape[3:])

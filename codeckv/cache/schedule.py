@@ -6,9 +6,13 @@
     tier = schedule("turbo-4", parse_layers("0-3:int8, 29:turbo-3"))      # the text the app's Advanced panel takes
 
 A schedule is data like any tier (codeckv/tiers.py): `Tier.per_layer` holds (layer index, tier) pairs,
-and every other layer uses the tier itself. The cache checks it against the model (check_layers): an
-index past the model's layers, or a layer that is not full attention (Gemma 3's sliding-window layers
-keep their native cache), is refused with the allowed indices. "native" on a layer keeps that layer's
+and every other layer uses the tier itself. Which layers a tier codes (`codes_layer`): every full-attention layer,
+and every sliding-window (or chunked) layer and hybrid layer (keys and values beside a linear-attention state,
+cache/hybrid_layer.py) unless the tier is a PCA tier, whose coders are calibrated on the
+full-attention layers; the others (linear attention, a PCA tier's windows and hybrid layers) keep their native
+cache. The cache
+checks a schedule against the model (check_layers): an index past the model's layers, or a layer no tier codes
+there, is refused with the allowed indices. "native" on a layer keeps that layer's
 transformers cache (so `schedule("native", {3: "turbo-3"})` compresses layer 3 only: the sensitivity
 probe of codeckv/measure/allocation.py). PCA tiers mix with the others: each PCA layer takes its coder
 from its own tier's calibration; such a layer keeps a decoded view, so `materialization_free=True`
@@ -58,16 +62,30 @@ def _index(value) -> int:
     return value
 
 
+WINDOWED = ("sliding_attention", "chunked_attention", "hybrid_sliding")  # layer types keeping a window of tokens
+KV_KINDS = ("full_attention", "hybrid", *WINDOWED)  # layer types holding keys and values ("hybrid": beside a state)
+
+
+def codes_layer(kind: str, tier: Tier) -> bool:
+    """True when a plain `tier` codes a layer of type `kind` (module docstring); False: the layer stays native."""
+    return kind == "full_attention" if tier.joint is not None else kind in KV_KINDS
+
+
 def check_layers(tier: Tier, layer_types: list[str]) -> None:
-    """Refuse a schedule naming a layer the model lacks, or one that is not full attention (it stays native)."""
+    """Refuse a schedule naming a layer the model lacks, or one that its tier cannot code (module docstring)."""
+    kv = [index for index, kind in enumerate(layer_types) if kind in KV_KINDS]
     full = [index for index, kind in enumerate(layer_types) if kind == "full_attention"]
     for index, layer_tier in tier.per_layer:
         if index >= len(layer_types):
             raise ValueError(f"layer {index} does not exist: the model has {len(layer_types)} layers "
-                             f"(allowed: the full-attention layers {ranges(full)})")
-        if layer_types[index] != "full_attention":
+                             f"(allowed: the attention layers {ranges(kv)})")
+        if layer_types[index] not in KV_KINDS:
             raise ValueError(f"layer {index} is a {layer_types[index]} layer, which keeps its native cache; "
-                             f"'{layer_tier.name}' cannot go there (allowed: the full-attention layers {ranges(full)})")
+                             f"'{layer_tier.name}' cannot go there (allowed: the attention layers {ranges(kv)})")
+        if not layer_tier.is_native and not codes_layer(layer_types[index], layer_tier):
+            raise ValueError(f"layer {index} is a {layer_types[index]} layer, which PCA tiers leave native "
+                             f"(calibrated on full attention only); '{layer_tier.name}' cannot go there (allowed: the "
+                             f"full-attention layers {ranges(full)}, or a per-tensor tier)")
 
 
 def tiers_used(tier: Tier) -> list[Tier]:
@@ -76,9 +94,10 @@ def tiers_used(tier: Tier) -> list[Tier]:
 
 
 def layer_tiers(tier: Tier, layer_types: list[str]) -> list[Tier | None]:
-    """The plain tier of every model layer (None where the layer is not full attention and stays native)."""
+    """The plain tier of every model layer (None where the layer stays native: codes_layer)."""
     check_layers(tier, layer_types)
-    return [tier.tier_at(index) if kind == "full_attention" else None for index, kind in enumerate(layer_types)]
+    return [tier.tier_at(index) if codes_layer(kind, tier.tier_at(index)) else None
+            for index, kind in enumerate(layer_types)]
 
 
 def ranges(indices: list[int]) -> str:

@@ -1,5 +1,5 @@
 """Command line: codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size|resume|pca-size|allocate|
-calibrate (python -m codeckv)
+calibrate|families (python -m codeckv)
 
 Tables on stdout, progress bars on stderr; CSV, JSON and HTML files under out/ unless --out / --charts
 say where (the docs' commands that regenerate the committed CSVs pass --out assets/...).
@@ -22,6 +22,7 @@ from codeckv import __version__
 from codeckv.cli import (
     allocate,
     calibrate,
+    families,
     inspect_kv,
     latency,
     memory,
@@ -35,7 +36,7 @@ from codeckv.cli import (
 )
 
 COMMANDS = (quality, sweep, inspect_kv, needle, memory, prefill, latency, allocate, saved_size, resume, pca_size,
-            calibrate)
+            calibrate, families)
 
 
 def build_parser() -> argparse.ArgumentParser:

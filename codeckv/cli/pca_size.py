@@ -13,7 +13,7 @@ HELP = "PCA tiers: bytes vs bf16 and their budget on texts far from calibration"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tiers", nargs="+", type=tier_name, default=["pca-8x", "pca-16x", "pca-32x"],
+    parser.add_argument("--tiers", nargs="+", type=tier_name, default=["pca-5x", "pca-8x", "pca-16x", "pca-32x"],
                         help="PCA tier names (default pca-8x pca-16x pca-32x)")
     parser.add_argument("--texts", nargs="+", default=None,
                         help="corpus docstrings code numbers multilingual repeated (default: all)")

@@ -34,11 +34,17 @@ import torch
 from codeckv.codecs.ans import ESCAPE_RANGE, LENGTH_BYTES, STREAM_SLACK_BYTES, EntropyTable
 from codeckv.codecs.ans_vectorized import encode_tables
 from codeckv.codecs.base import Encoded
+from codeckv.codecs.fit import for_head_dim
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rate import HEADER_BYTES, LADDER, NOTHING, SKIP, RateBudget, Spent, ladder_steps
 from codeckv.codecs.rope import Rope
 
 SINK_CODEC = GroupQuant(bits=8, group=32)
+
+
+def sink_codec(head_dim: int) -> GroupQuant:
+    """SINK_CODEC for rows of head_dim channels (codecs/fit.py: its groups shrink where 32 does not divide them)."""
+    return for_head_dim(SINK_CODEC, head_dim)
 COST_LIMIT = 255  # codes beyond +-COST_LIMIT are estimated at their escape's cost: the models' largest M_k
 ANCHOR_SPACING = 4  # the rate control evaluates every 4th rung for every chunk, then the few its choice needs
 UNKNOWN_BYTES = 1 << 40  # a rung not evaluated for a chunk: never chosen
@@ -250,7 +256,8 @@ class LayerCoder:
             lo = max(first, sinks)  # sink rows are not PCA-coded
             sink = None
             if lo > first:
-                sink = (SINK_CODEC.encode(keys[:, :, first:lo]), SINK_CODEC.encode(values[:, :, first:lo]))
+                sink = (sink_codec(keys.shape[3]).encode(keys[:, :, first:lo]),
+                        sink_codec(values.shape[3]).encode(values[:, :, first:lo]))
             sink_parts.append(sink)
             bounds.append(first + unit - sinks)
         sink_bytes = [sum(e.nbytes for e in sink) if sink else 0 for sink in sink_parts]
@@ -297,8 +304,8 @@ class LayerCoder:
         count = sum(sink[0].shape[2] for sink in sinks)
         keys, values = self.unrows(y @ self.dec + self.mean, start + count)
         if count:
-            sink_keys = torch.cat([SINK_CODEC.decode(k) for k, _ in sinks], dim=2).float()
-            sink_values = torch.cat([SINK_CODEC.decode(v) for _, v in sinks], dim=2).float()
+            sink_keys = torch.cat([sink_codec(k.shape[3]).decode(k) for k, _ in sinks], dim=2).float()
+            sink_values = torch.cat([sink_codec(v.shape[3]).decode(v) for _, v in sinks], dim=2).float()
             keys, values = torch.cat([sink_keys, keys], dim=2), torch.cat([sink_values, values], dim=2)
         return keys.to(dtype), values.to(dtype)
 
@@ -306,7 +313,7 @@ class LayerCoder:
         """Tensors and numbers to save (loaded back with from_state)."""
         return {
             "mean": self.mean, "enc": self.enc, "dec": self.dec, "step": self.step, "table": self.table.state(),
-            "heads": self.heads, "head_dim": self.head_dim, "rope_theta": self.rope.theta,
+            "heads": self.heads, "head_dim": self.head_dim, "rope": self.rope.state(),
             "sink_tokens": self.sink_tokens, "component_bits": self.component_bits,
         }
 
@@ -314,6 +321,6 @@ class LayerCoder:
     def from_state(cls, state: dict) -> LayerCoder:
         return cls(
             state["mean"], state["enc"], state["dec"], state["step"], EntropyTable.from_state(state["table"]),
-            state["heads"], state["head_dim"], Rope(state["head_dim"], state["rope_theta"]),
+            state["heads"], state["head_dim"], Rope.from_state(state["rope"]),
             state["sink_tokens"], state["component_bits"],
         )

@@ -26,7 +26,7 @@ from codeckv.codecs.dct import MAX_BLOCK
 from codeckv.loaded import ModelInfo
 from codeckv.measure.peers import PEER_NAMES, Peer, run_for
 from codeckv.serve.limits import Limits
-from codeckv.tiers import TIERS, Tier, custom_tier, get_tier
+from codeckv.tiers import MAX_RAW_TOKENS, TIERS, Tier, custom_tier, get_tier
 
 MAX_GROUP = 256  # quantization group (channels or tokens)
 TEXT_FILE_TYPES = (".txt", ".md")
@@ -120,8 +120,8 @@ def _knob_tier(name, custom, block_size, k, bits, value_bits, group, rotation, k
         group=whole(group, "quant group", 1, MAX_GROUP),
         rotation=bool(rotation),
         lloyd_max=bool(rotation and bits != "none"),
-        keep_first=whole(keep_first, "keep_first", 0, 1 << 20),
-        keep_recent=whole(keep_recent, "keep_recent", 0, 1 << 20),
+        keep_first=whole(keep_first, "keep_first", 0, MAX_RAW_TOKENS),
+        keep_recent=whole(keep_recent, "keep_recent", 0, MAX_RAW_TOKENS),
     )
 
 

@@ -84,7 +84,8 @@ def test_long_document_turn_shows_real_ratios():
         ("hi", [True, 8.5, 0, "4", "same", 32, True, 0, 0, ""], "must be a whole number"),
         ("word " * 9000, PLAIN, "context of 8192 tokens"),
         ("hi", [*PLAIN[:-1], "0:int9"], r"unknown tier 'int9' \(allowed: native, png"),
-        ("hi", [*PLAIN[:-1], "30:int8"], r"layer 30 does not exist: the model has 30 layers \(allowed: the full-"),
+        ("hi", [*PLAIN[:-1], "30:int8"],
+         r"layer 30 does not exist: the model has 30 layers \(allowed: the attention layers 0-29\)"),
         ("hi", [*PLAIN[:-1], "0:int8, " * 100], "allowed: at most 600"),
     ],
 )

@@ -10,6 +10,7 @@ from codeckv.cache import CodecCache, footprint, held_bytes, make_cache
 from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.flush import flush_layers
 from codeckv.cache.layers import CodecLayer
+from codeckv.cache.schedule import schedule
 from codeckv.tiers import TIERS
 
 PROMPT = "The history of the printing press begins in"
@@ -32,7 +33,8 @@ def _greedy(model, ids, cache, n, **kwargs):
 # view), the end of a short context (SHORT_VIEW_TOKENS, 40 in the test); png never: its archive is as large as
 # the raw tokens it codes.
 SHORT = 40
-OWN_N = {"png": (None, None), "turbo-4": (32, SHORT), "turbo-3": (32, SHORT), "turbo-k4v2": (32, SHORT)}
+OWN_N = {"png": (None, None), "int8": (32, SHORT), "turbo-4": (32, SHORT), "turbo-3": (32, SHORT),
+         "turbo-k4v2": (32, SHORT)}
 
 
 @pytest.mark.parametrize("mode", ["codes", "short view", "view"])
@@ -71,16 +73,17 @@ def test_a_cache_says_raw_until_n_per_layer_and_archives_from_the_start_when_ask
 
     use_codec_attention(tiny_gemma3)  # its CodedLayers attend on the codes
     config = tiny_gemma3.config
-    own = make_cache(config, "turbo-4", True, per_layer={5: "int8"}, raw_until=None)
-    asked = make_cache(config, "turbo-4", False, per_layer={5: "int8"}, raw_until=0)
+    own = make_cache(config, "turbo-4", True, per_layer={5: "jpeg-k8-int8"}, raw_until=None)
+    asked = make_cache(config, "turbo-4", False, per_layer={5: "jpeg-k8-int8"}, raw_until=0)
     ids = torch.randint(0, 128, (1, 20), generator=torch.Generator().manual_seed(5))
     native = DynamicCache(config=config)
     with torch.inference_mode():
         for cache in (own, asked, native):
             tiny_gemma3(ids, cache=cache)
             tiny_gemma3(ids[:, :1], cache=cache)  # the next update archives what became archivable
-    assert own.raw_until == {2: 32, 5: 8} and asked.raw_until == {2: 0, 5: 0}
-    assert own.layers[2].holds_raw and not own.layers[5].holds_raw, "turbo-4 holds 21 tokens raw, int8 archived 16"
+    assert own.raw_until == {0: 32, 1: 32, 2: 32, 3: 32, 4: 32, 5: 8}, "the sliding layers' too"
+    assert asked.raw_until == dict.fromkeys(range(6), 0)
+    assert own.layers[2].holds_raw and not own.layers[5].holds_raw, "turbo-4 holds 21 tokens raw, jpeg archived 16"
     assert asked.layers[2].holds_raw and not asked.layers[5].holds_raw, "20 tokens: no complete turbo-4 unit yet"
     layers = [2, 5]
     assert [own.layers[i].keys.shape for i in layers] == [native.layers[i].keys.shape for i in layers]
@@ -182,16 +185,19 @@ def test_lossy_tier_footprint_ratio(loaded):
     assert fp.ratio <= 0.32, f"turbo-4 archive is {fp.ratio:.3f} of bf16"
 
 
-def test_hybrid_gemma3_gets_codec_layers_only_on_full_attention(tiny_gemma3):
+def test_hybrid_gemma3_codes_every_attention_layer_its_windows_too(tiny_gemma3):
     model, config = tiny_gemma3, tiny_gemma3.config
     cache = CodecCache.from_config(config, "png", raw_until=0)
-    codec_layers = [i for i, layer in enumerate(cache.layers) if isinstance(layer, CodecLayer)]
-    assert codec_layers == [i for i, t in enumerate(config.layer_types) if t == "full_attention"] == [2, 5]
+    assert all(isinstance(layer, CodecLayer) for layer in cache.layers)
+    assert [layer.window for layer in cache.layers] == [16, 16, None, 16, 16, None]
     ids = torch.randint(0, 128, (1, 40))
     native = _greedy(model, ids, DynamicCache(config=config), 24)
-    assert torch.equal(_greedy(model, ids, cache, 24), native), "png on a hybrid model is exact too"
+    assert torch.equal(_greedy(model, ids, cache, 24), native), "png on a hybrid model is exact, its windows too"
     fp = cache.footprint()
-    assert fp.native_layer_bytes > 0 and fp.archive_bytes > 0
+    assert fp.native_layer_bytes == 0 and fp.archive_bytes > 0
+    assert all(layer.held < 16 + layer.unit for layer in cache.layers if layer.window), "a window drops what it passed"
+    left = CodecCache.from_config(config, schedule("jpeg-k8-int8", {0: "native"}), raw_until=0)
+    assert type(left.layers[0]).__name__ == "DynamicSlidingWindowLayer", "native on a window keeps transformers'"
 
 
 def test_native_tier_builds_plain_dynamic_layers(loaded):
@@ -276,11 +282,13 @@ def test_from_cache_copies_sliding_layers_and_rejects_native(tiny_gemma3):
     native = DynamicCache(config=config)
     with torch.inference_mode():
         model(torch.randint(0, 128, (1, 40)), cache=native)
-    converted = CodecCache.from_cache(native, "jpeg-k8-int8")
-    assert [i for i, layer in enumerate(converted.layers) if isinstance(layer, CodecLayer)] == [2, 5]
-    for i in (0, 1, 3, 4):  # sliding layers are copied: the native cache stays usable as it was
-        assert converted.layers[i] is not native.layers[i]
-        assert torch.equal(converted.layers[i].keys, native.layers[i].keys)
+    converted = CodecCache.from_cache(native, schedule("jpeg-k8-int8", {4: "native"}))
+    assert [i for i, layer in enumerate(converted.layers) if isinstance(layer, CodecLayer)] == [0, 1, 2, 3, 5]
+    for i in (0, 1, 3):  # sliding layers hold the window's 15 tokens, from position 25: what native holds
+        assert converted.layers[i].first == 25 and converted.layers[i].held == 15
+        assert converted.layers[i].get_mask_sizes(1) == native.layers[i].get_mask_sizes(1)
+    assert converted.layers[4] is not native.layers[4], "a layer left native is copied: the native cache stays usable"
+    assert torch.equal(converted.layers[4].keys, native.layers[4].keys)
     with pytest.raises(ValueError, match="native"):
         CodecCache.from_cache(native, "native")
 

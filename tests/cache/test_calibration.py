@@ -144,7 +144,7 @@ def test_the_fp16_basis_inverts_exactly_with_every_component_kept():
     g = torch.randn(600, 32) * torch.linspace(0.1, 3, 32)
     moments = _Moments(32)
     moments.add(x, g)
-    basis = Basis(*({0: t} for t in _whitened_pca(moments)), heads=1, head_dim=16, rope=Rope(16, 1e4))
+    basis = Basis(*({0: t} for t in _whitened_pca(moments)), heads=1, head_dim=16, rope=Rope.default(16, 1e4))
     y = basis.project({0: x})[0]
     torch.testing.assert_close(y @ basis.decoders[0] + basis.means[0], x, rtol=1e-4, atol=1e-4,
                                msg="x -> y -> x with every component")

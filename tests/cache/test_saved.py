@@ -66,6 +66,7 @@ def test_compact_holds_archive_and_raw_tokens_and_restores_bit_for_bit(tiny, tie
     model, _, prompt = tiny
     cache = _cache(tiny, tier, materialization_free)
     _greedy(model, cache, prompt, 3)  # a prefill, then decode steps: archived both ways
+    cache.flush()  # archives, and drops what the windows passed
     before, twin = _views(cache), copy.deepcopy(cache)
     held = cache.footprint()
     cache.compact()
@@ -183,7 +184,7 @@ def test_a_good_file_loads_with_its_extra(tiny, saved_file):
     path, _, header = saved_file
     saved = load_cache(path, tiny[0])
     assert saved.header["extra"] == {"note": "test"} and saved.header["tokens"] == PROMPT
-    assert header["format"] == "codeckv-cache" and header["version"] == 2
+    assert header["format"] == "codeckv-cache" and header["version"] == 3
 
 
 def _refused(path, model, match, **kwargs):
@@ -209,7 +210,7 @@ def test_corrupted_headers_and_tensors_are_refused(tiny, saved_file, tmp_path):
     path, tensors, header = saved_file
     model = tiny[0]
     _refused(_forge(tmp_path, tensors, "{not json"), model, "not a codeckv-cache file")
-    _refused(_forge(tmp_path, tensors, {**header, "version": 3}), model, r"version 3.*allowed: 1, 2")
+    _refused(_forge(tmp_path, tensors, {**header, "version": 4}), model, r"version 4.*allowed: 1, 2, 3")
     _refused(_forge(tmp_path, tensors, {**header, "format": "other"}), model, "not a codeckv-cache file")
     bad_tier = {**header, "tier": {**header["tier"], "key": {"codec": "os.system"}}}
     _refused(_forge(tmp_path, tensors, bad_tier), model, "allowed: Cast, DCT")
@@ -229,6 +230,18 @@ def test_corrupted_headers_and_tensors_are_refused(tiny, saved_file, tmp_path):
     _refused(_forge(tmp_path, huge, {**header, "tokens": 300}), model, "more than this model's context of 256")
     flipped = {**tensors, "codec.keys.codes": tensors["codec.keys.codes"] ^ 1}
     _refused(_forge(tmp_path, flipped, header), model, "checksum")
+
+
+def test_hostile_headers_are_refused(tiny, saved_file, tmp_path):
+    """A raw window past any context (the Advanced knob's bound is 2**20), application data changed after saving (the
+    checksum covers the header), and a version-2 file carrying application data (its checksum left it out)."""
+    _, tensors, header = saved_file
+    model = tiny[0]
+    huge = {**header, "tier": {**header["tier"], "keep_recent": 10**9}}
+    _refused(_forge(tmp_path, tensors, huge), model, r"keep_recent=1000000000 must be an integer in 0\.\.1048576")
+    changed = {**header, "extra": {"note": "changed"}}
+    _refused(_forge(tmp_path, tensors, changed), model, "header or tensors do not match")
+    _refused(_forge(tmp_path, tensors, {**header, "version": 2}), model, "version 2, whose checksum leaves out")
 
 
 def test_a_file_for_another_model_or_calibration_is_refused(tiny, saved_file, tmp_path):

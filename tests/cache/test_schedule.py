@@ -13,8 +13,6 @@ from codeckv.measure.runs import attention_counts
 from codeckv.serve.formatting import attention_text
 from codeckv.tiers import TIERS
 
-FULL = [2, 5]  # the tiny Gemma 3's full-attention layers (tests/conftest.py)
-
 
 @pytest.mark.parametrize("text, want", [
     ("", {}),
@@ -62,21 +60,22 @@ def test_a_schedule_is_a_tier_whose_layers_differ():
         steady_state_ratio(tier, 64)
 
 
-def test_each_full_attention_layer_gets_its_own_tier_and_sliding_layers_stay_native(tiny_gemma3):
-    cache = make_cache(tiny_gemma3.config, "turbo-4", per_layer={5: "int8"})
-    assert isinstance(cache, CodecCache) and cache.tier.per_layer == ((5, TIERS["int8"]),)
+def test_each_attention_layer_gets_its_own_tier_its_windows_too(tiny_gemma3):
+    cache = make_cache(tiny_gemma3.config, "turbo-4", per_layer={5: "int8", 1: "jpeg-k8-int8"})
+    assert isinstance(cache, CodecCache) and cache.tier.per_layer == ((1, TIERS["jpeg-k8-int8"]), (5, TIERS["int8"]))
     kinds = [type(layer).__name__ for layer in cache.layers]
-    assert kinds == ["DynamicSlidingWindowLayer"] * 2 + ["CodecLayer"] + ["DynamicSlidingWindowLayer"] * 2 + \
-        ["CodecLayer"], "a model not routed through codeckv.cache.attention gets views"
+    assert kinds == ["CodecLayer"] * 6, "a model not routed through codeckv.cache.attention gets views"
     assert cache.layers[5].tier == TIERS["int8"] and cache.layers[2].tier.key == TIERS["turbo-4"].key
+    assert cache.layers[1].tier == TIERS["jpeg-k8-int8"] and cache.layers[1].window == 16
     only = make_cache(tiny_gemma3.config, "native", per_layer={5: "turbo-3"})
-    assert type(only.layers[2]).__name__ == "DynamicLayer" and isinstance(only.layers[5], CodecLayer)
+    assert [type(layer).__name__ for layer in only.layers[:3]] == ["DynamicSlidingWindowLayer"] * 2 + ["DynamicLayer"]
+    assert isinstance(only.layers[5], CodecLayer)
 
 
 @pytest.mark.parametrize("per_layer, match", [
-    ({0: "int8"}, r"layer 0 is a sliding_attention layer, which keeps its native cache.*allowed: the full-attention "
-                  r"layers 2, 5"),
-    ({6: "int8"}, r"layer 6 does not exist: the model has 6 layers \(allowed: the full-attention layers 2, 5\)"),
+    ({0: "pca-8x"}, r"layer 0 is a sliding_attention layer, which PCA tiers leave native.*allowed: the full-attention "
+                    r"layers 2, 5, or a per-tensor tier"),
+    ({6: "int8"}, r"layer 6 does not exist: the model has 6 layers \(allowed: the attention layers 0-5\)"),
     ({2: "int9"}, r"unknown tier 'int9' \(allowed: native, png"),
     ({2: "pca-8x"}, "needs the model's calibration"),
 ])
@@ -86,6 +85,7 @@ def test_impossible_schedules_are_refused_with_the_allowed_values(tiny_gemma3, p
 
 
 def test_a_pca_layer_cannot_be_asked_to_attend_on_its_codes(tiny_gemma3):
+    use_codec_attention(tiny_gemma3)  # the model itself could attend on codes
     with pytest.raises(ValueError, match="materialization_free=True is not supported"):
         make_cache(tiny_gemma3.config, "int8", True, per_layer={5: "pca-8x"})
     reason = view_reason(schedule("int8", {5: "pca-8x"}))
@@ -109,23 +109,25 @@ def test_a_scheduled_layer_stores_what_the_same_tier_stores_alone(tiny_gemma3):
     assert got[5].archive_bytes != got[2].archive_bytes
     assert torch.equal(mixed.layers[2].keys, uniform["turbo-4"].layers[2].keys), "layer 2 is coded as turbo-4 alone"
     on_codes = make_cache(tiny_gemma3.config, "turbo-4", None, per_layer={5: "int8"})
-    assert all(type(on_codes.layers[i]) is CodedLayer for i in FULL), "each layer on its codes where its tier allows"
-    assert on_codes.attention == {2: CODES, 5: CODES}
+    assert all(type(layer) is CodedLayer for layer in on_codes.layers), "each layer on its codes where its tier allows"
+    assert on_codes.attention == dict.fromkeys(range(6), CODES)
     mixed = make_cache(tiny_gemma3.config, "turbo-4", None, per_layer={5: "png"})
-    assert mixed.attention == {2: CODES, 5: VIEW}, "png: a view"
+    assert mixed.attention == {**dict.fromkeys(range(5), CODES), 5: VIEW}, "png: a view"
     assert attention_text(attention_counts(mixed)) == \
-        "on the stored codes in 1 of 2 layers, on a decoded view in the others", "the app phrases the modes"
+        "on the stored codes in 5 of 6 layers, on a decoded view in the others", "the app phrases the modes"
 
 
 @torch.inference_mode()
-def test_a_native_prefill_converts_into_a_schedule_and_refuses_a_sliding_layer(tiny_gemma3):
+def test_a_native_prefill_converts_into_a_schedule_its_windows_too(tiny_gemma3):
     from transformers import DynamicCache
 
     ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(4))
     native = DynamicCache(config=tiny_gemma3.config)
     next_logits(tiny_gemma3, ids, native)
-    converted = CodecCache.from_cache(native, schedule("turbo-4", {5: "int8"}), False)
-    assert converted.layers[5].tier == TIERS["int8"] and converted.layers[2].tier.key == TIERS["turbo-4"].key
+    converted = CodecCache.from_cache(native, schedule("turbo-4", {5: "jpeg-k8-int8", 1: "jpeg-k8-int8"}), False)
+    assert converted.layers[5].tier == TIERS["jpeg-k8-int8"] and converted.layers[2].tier.key == TIERS["turbo-4"].key
     assert converted.footprint().layers[5].archived_tokens == 40
-    with pytest.raises(ValueError, match="layer 1 is a DynamicSlidingWindowLayer layer"):
-        CodecCache.from_cache(native, schedule("turbo-4", {1: "int8"}))
+    assert converted.layers[1].window == 16 and converted.footprint().layers[1].archived_tokens == 8, \
+        "the window's 15 tokens from position 25: a unit archived (32-39), the rest raw"
+    with pytest.raises(ValueError, match="layer 1 is a sliding_attention layer, which PCA tiers leave native"):
+        CodecCache.from_cache(native, schedule("turbo-4", {1: "pca-8x"}))

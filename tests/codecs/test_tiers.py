@@ -153,8 +153,9 @@ INVALID_CUSTOM = [  # (custom_tier kwargs, expected message fragment)
     ({"k": 9}, r"allowed: \[1, 2, 3, 4, 5, 6, 7, 8\]"),
     ({"k": 2, "block_size": 0}, "block_size=0 must be a whole number in 1..64"),
     ({"bits": 4, "group": 0}, "group=0 must be a positive integer"),
-    ({"keep_first": -1}, "keep_first=-1 must be a non-negative integer"),
-    ({"bits": 4, "keep_recent": 2.5}, "keep_recent=2.5 must be a non-negative integer"),
+    ({"keep_first": -1}, r"keep_first=-1 must be an integer in 0\.\.1048576"),
+    ({"bits": 4, "keep_recent": 2.5}, r"keep_recent=2.5 must be an integer in 0\.\.1048576"),
+    ({"bits": 4, "keep_recent": 10**9}, r"keep_recent=1000000000 must be an integer in 0\.\.1048576"),
 ]
 
 

@@ -102,7 +102,7 @@ def test_lockstep_sensitivity_probes_every_layer_alone(loaded):
     """One probe cache per (layer, tier), each compressing that layer only, scored in one lockstep run."""
     from codeckv.measure.allocation import layer_sensitivity
 
-    sens = layer_sensitivity(loaded, [TIERS["int8"], TIERS["jpeg-k2"]], windows=1, length=24)
+    sens = layer_sensitivity(loaded, [TIERS["int8"], TIERS["jpeg-k2"]], windows=1, length=48)  # int8: 32-token units
     assert sens.layers == list(range(30)) and len(sens.score) == 60 and sens.method == "lockstep"
     coarse, fine = (sum(sens.score[layer, name] for layer in sens.layers) for name in ("jpeg-k2", "int8"))
     assert coarse > fine > 0, "keeping 2 of 8 DCT frequencies moves the output more than 8-bit codes"
