@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+WINDOWED = ("sliding_attention", "chunked_attention", "hybrid_sliding")  # transformers' layer types keeping a window
+KV_KINDS = ("full_attention", "hybrid", *WINDOWED)  # the layer types holding keys and values ("hybrid": beside a state)
+
 
 @dataclass
 class ModelInfo:
@@ -23,17 +26,23 @@ class ModelInfo:
     device: str
     max_context: int
     load_seconds: float
-    kv_bytes_per_token_bf16: int = field(init=False)  # design.md: 2 x full-attention layers x kv_heads x head_dim x 2
-    native_only_layers: int = field(init=False)  # sliding-window / linear layers, counted separately
+    kv_bytes_per_token_bf16: int = field(init=False)  # design.md: 2 x codec-carrying layers x kv_heads x head_dim x 2
+    native_only_layers: int = field(init=False)  # layers no tier codes (linear attention), counted separately
 
     def __post_init__(self) -> None:
-        full = sum(t == "full_attention" for t in self.layer_types)
-        self.kv_bytes_per_token_bf16 = 2 * full * self.num_kv_heads * self.head_dim * 2
-        self.native_only_layers = len(self.layer_types) - full
+        self.kv_bytes_per_token_bf16 = 2 * self.codec_layers * self.num_kv_heads * self.head_dim * 2
+        self.native_only_layers = len(self.layer_types) - self.codec_layers
 
     @property
     def codec_layers(self) -> int:
-        return len(self.layer_types) - self.native_only_layers
+        """Layers that keep keys and values, which a per-tensor tier codes: full attention, sliding windows (whose
+        bytes per token hold while the context fits the window), hybrids' attention (cache/schedule.py)."""
+        return sum(t in KV_KINDS for t in self.layer_types)
+
+    @property
+    def sliding_layers(self) -> int:
+        """Of those, the layers whose cache keeps a window of tokens."""
+        return sum(t in WINDOWED for t in self.layer_types)
 
 
 @dataclass

@@ -12,7 +12,9 @@ groups of tokens (KIVI) fit them best, and a rotation would smear them into ever
 coordinate. On Qwen2.5-Coder-0.5B, whose k_proj bias gives a few key channels
 values far above the rest, per-token int8 groups spent their range on those channels
 (KLD 0.0023 on Genesis); per-channel keys at the same bytes gave 0.00001, a Hadamard
-rotation before per-token groups 0.0004 (docs/quality.md, "Outlier keys"). Values have
+rotation before per-token groups 0.0004; rotated-4, whose keys were rotated onto per-token
+4-bit groups, collapsed there (KLD 1.92) and now keeps its keys per channel as well
+(docs/quality.md, "Outlier keys"). Values have
 no such structure; a random Hadamard rotation makes them Gaussian, where Lloyd-Max
 levels with one searched fp16 scale per group win.
 
@@ -186,8 +188,9 @@ TIERS: dict[str, Tier] = _tiers(
     ),
     Tier(
         "rotated-4",
-        "Baseline: K and V rotated, 4-bit min/max (group 32), no Lloyd-Max, no per-channel keys",
-        key=Rotation(inner=GroupQuant(bits=4, group=32)),
+        "Baseline: turbo-4 without Lloyd-Max levels: K 4-bit per channel (32 tokens), V rotated 4-bit min/max "
+        "(group 32)",
+        key=GroupQuant(bits=4, group=32, per_channel=True),
         value=Rotation(inner=GroupQuant(bits=4, group=32)),
         max_rel_error=0.12,
     ),

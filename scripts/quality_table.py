@@ -1,7 +1,8 @@
 """The README's and docs/quality.md's tables, written from the committed quality CSVs (no figure typed by hand).
 
-    .venv/bin/python scripts/quality_table.py                   # the headline table: every row, every text
+    .venv/bin/python scripts/quality_table.py                   # the headline table: both models, every text
     .venv/bin/python scripts/quality_table.py --full corpus     # one text's whole table (ΔNLL, Δp, the tails)
+    .venv/bin/python scripts/quality_table.py --full bible --model qwen2.5-coder-0.5b
 
 Reads assets/quality-<model>[-<source>].csv (written by `python -m codeckv quality [--source S] --out ...`) and
 prints Markdown. Rows keep the order of the corpus CSV; a source whose CSV is missing is left out.
@@ -16,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {"corpus": "", "docstrings": "-docstrings", "bible": "-bible"}
+SHORT = {"smollm2-135m": "SmolLM2", "qwen2.5-coder-0.5b": "Qwen", "gemma3-270m": "Gemma 3"}  # column headers
 
 
 def _rows(model: str, source: str) -> dict[str, dict]:
@@ -36,25 +38,24 @@ def _name(row: dict) -> str:
     return f"`{row['tier']}`" + ("" if row.get("reference", "native") == "native" else " †")
 
 
-def headline(model: str) -> str:
-    texts = {s: _rows(model, s) for s in SOURCES}
-    texts = {s: rows for s, rows in texts.items() if rows}
-    order = list(next(iter(texts.values())))
-    head = ["cache", "stores (vs bf16)", "held while scored (× native)"]
-    for source in texts:
-        head += [f"KLD {source}", "99%", "top-1"]
+def headline(models: list[str]) -> str:
+    """Every row of the models' corpus CSVs (the first model's order), what it stores, and per model its KLD on each
+    text and its top-1 on the Bible (the text furthest from every calibration)."""
+    texts = {m: {s: rows for s in SOURCES if (rows := _rows(m, s))} for m in models}
+    order = list(dict.fromkeys(tier for m in models for rows in texts[m].values() for tier in rows))
+    head = ["cache", "stores (vs bf16)"]
+    for model in models:
+        name = SHORT.get(model, model)
+        head += [f"{name} KLD {source}" for source in texts[model]] + [f"{name} top-1 bible"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for tier in order:
-        first = next(rows[tier] for rows in texts.values() if tier in rows)
-        native = next(iter(texts.values())).get("native")
-        beside_native = native is not None and first.get("reference", "native") == "native"
-        held = _num(first, "held_bytes") / _num(native, "held_bytes") if beside_native else math.nan
-        cells = [_name(first), f"{100 * _num(first, 'ratio_vs_bf16'):.1f}%",
-                 "n/a" if math.isnan(held) else f"{held:.2f}×"]
-        for rows in texts.values():
-            row = rows.get(tier)
-            cells += ([_kld(_num(row, "kld")), _kld(_num(row, "kld_p99")), f"{_num(row, 'top1_pct'):.1f}%"]
-                      if row else ["", "", ""])
+        first = next(rows[tier] for m in models for rows in texts[m].values() if tier in rows)
+        cells = [_name(first), f"{100 * _num(first, 'ratio_vs_bf16'):.1f}%"]
+        for model in models:
+            for rows in texts[model].values():
+                cells.append(_kld(_num(rows[tier], "kld")) if tier in rows else "")
+            bible = texts[model].get("bible", {}).get(tier)
+            cells.append(f"{_num(bible, 'top1_pct'):.1f}%" if bible else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -76,10 +77,11 @@ def full(model: str, source: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", nargs="+", default=["smollm2-135m", "qwen2.5-coder-0.5b"],
+                        help="models (the headline: each beside the others; --full: the first)")
     parser.add_argument("--full", choices=list(SOURCES), help="one text's whole table instead of the headline")
     args = parser.parse_args()
-    print(full(args.model, args.full) if args.full else headline(args.model))
+    print(full(args.model[0], args.full) if args.full else headline(args.model))
 
 
 if __name__ == "__main__":

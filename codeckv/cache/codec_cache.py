@@ -44,9 +44,9 @@ from codeckv.cache.kernel_ops import layout_of
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
 from codeckv.cache.saved_format import save_cache
-from codeckv.cache.schedule import WINDOWED, layer_tiers, schedule
+from codeckv.cache.schedule import layer_tiers, schedule
 from codeckv.codecs.layout import NoRowLayout
-from codeckv.loaded import LoadedModel
+from codeckv.loaded import WINDOWED, LoadedModel
 from codeckv.tiers import Tier, as_tier
 
 # Where a codec layer's attention reads its archived tokens (CodecCache.attention; serve/formatting.py phrases them):
@@ -221,7 +221,8 @@ def codes_reason(config) -> str | None:
         return ("the model does not attend through codeckv's attention function: load it with codeckv.load_model or "
                 "call codeckv.cache.attention.use_codec_attention(model), which routes models that attend through "
                 "transformers' AttentionInterface and have an SDPA path (Falcon's attention uses no interface; "
-                "Gemma-2's softcapped scores and gpt-oss's learned sinks have no SDPA path: they keep their own)")
+                "ALiBi, Gemma-2's softcapped scores and gpt-oss's learned sinks have no SDPA path: they keep their "
+                "own)")
     if getattr(text, "kv_lora_rank", None):
         return ("its cache holds the compressed latent of multi-head latent attention (MLA), which the model expands "
                 "into keys and values (kv_b_proj) before attention reads them")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from codeckv.loaded import KV_KINDS
 from codeckv.tiers import TIERS, Tier, as_tier
 
 MAX_SCHEDULE_CHARS = 600  # the Advanced panel's text: 30 layers of "12:jpeg-k8-int8, " fit
@@ -60,10 +61,6 @@ def _index(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"layer index {value!r} must be a whole number >= 0")
     return value
-
-
-WINDOWED = ("sliding_attention", "chunked_attention", "hybrid_sliding")  # layer types keeping a window of tokens
-KV_KINDS = ("full_attention", "hybrid", *WINDOWED)  # layer types holding keys and values ("hybrid": beside a state)
 
 
 def codes_layer(kind: str, tier: Tier) -> bool:

@@ -34,7 +34,7 @@ from transformers import DynamicCache
 from codeckv.cache.calibration import Calibration, budget_shares, calibration_for
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
-from codeckv.cache.schedule import check_layers
+from codeckv.cache.schedule import check_layers, codes_layer
 from codeckv.codecs.dct import DCT, dct_basis
 from codeckv.loaded import LoadedModel
 from codeckv.measure.side_by_side import Prompt, prompt_ids
@@ -265,7 +265,7 @@ def layer_errors(capture: KVCapture, tier: Tier, calibration: Calibration | list
     """The tier and bytes of every layer, its relative error, PSNR, cosine, attention-output error, Var(Δ)/Var(X)."""
     out = []
     for index, (keys, values, kind) in enumerate(zip(capture.keys, capture.values, capture.layer_types)):
-        layer_tier = tier.tier_at(index) if kind == "full_attention" else None
+        layer_tier = tier.tier_at(index) if codes_layer(kind, tier.tier_at(index)) else None
         codec = layer_tier is not None and not layer_tier.is_native
         ratio = math.nan
         if codec:
@@ -307,7 +307,7 @@ def inspect_capture(capture: KVCapture, tier: Tier, layer: int = 0, head: int = 
     if not (0 <= layer < layers and 0 <= head < heads):
         raise ValueError(f"layer={layer}, head={head} out of range (layers 0..{layers - 1}, heads 0..{heads - 1})")
     keys, values = capture.keys[layer], capture.values[layer]
-    if capture.layer_types[layer] == "full_attention":
+    if codes_layer(capture.layer_types[layer], tier.tier_at(layer)):  # a window: the tokens it holds, coded
         keys_hat, values_hat, span = reconstruct(tier, keys, values, layer, calibration)
     else:
         keys_hat, values_hat, span = keys, values, (0, 0)

@@ -126,7 +126,8 @@ def session_markdown(session, cmp: Comparison) -> str:
 
 def model_markdown(info: ModelInfo) -> str:
     """The model and backend panel: the model, then per tier the path each kernel op takes and why."""
-    sliding = f", {info.native_only_layers} native-only" if info.native_only_layers else ""
+    sliding = f", {info.sliding_layers} of them sliding windows" if info.sliding_layers else ""
+    sliding += f", {info.native_only_layers} native-only" if info.native_only_layers else ""
     rows = "\n".join(
         f"| {name} | {paths['encode']} | {paths['decode']} | {paths['attention']} |"
         for name, paths in tier_backends(info.device, info.head_dim, info.dtype).items()
