@@ -174,8 +174,12 @@ def test_stop_keeps_the_partial_turn_and_says_so():
     assert native[-1]["content"] and session.runs == [] and len(session.exchanges) == 1
 
 
-def test_model_panel_describes_the_model():
-    text, layers, heads = app.model_panel("smollm2-135m")
+def test_model_panel_describes_the_model_and_prepares_it(monkeypatch):
+    asked = []
+    monkeypatch.setattr(app.PREPARATION, "start", asked.append)  # the real one calibrates in the background
+    text, layers, heads, timer = app.model_panel("smollm2-135m")
+    assert asked == ["smollm2-135m"], "a chosen model's PCA tiers are calibrated in the background, as the default's"
+    assert isinstance(timer, gr.Timer)
     assert "smollm2-135m" in text and "KV bytes/token of a bf16 cache: 23,040" in text
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
     assert "png stores integer deltas" in rows["png"], "the panel says why png's attention takes the reference"

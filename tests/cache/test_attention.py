@@ -194,6 +194,14 @@ def test_hybrid_gemma3_sliding_layers_are_coded_on_their_codes_too(tiny_gemma3):
     assert [layer.held for layer in cache.layers] == [15, 15, 63, 15, 15, 63]  # a window: what transformers holds
 
 
+def test_asking_for_the_codes_of_a_model_not_routed_says_what_to_do(tiny_gemma3):
+    """A model built by transformers attends through SDPA: make_cache refuses the codes (once a meta-device error in
+    the forward) and the default keeps a decoded view."""
+    with pytest.raises(ValueError, match=r"materialization_free=True: .*use_codec_attention\(model\)"):
+        make_cache(tiny_gemma3.config, "turbo-4", materialization_free=True)
+    assert set(make_cache(tiny_gemma3.config, "turbo-4").attention.values()) == {"view"}
+
+
 def test_footprint_after_an_inference_mode_forward():
     """A forward under inference_mode, then footprint() outside it: the flush must not fail."""
     layer = CodedLayer(TIERS["jpeg-k8-int8"])
