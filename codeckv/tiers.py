@@ -35,6 +35,8 @@ from codeckv.codecs.cast import Cast
 from codeckv.codecs.dct import DCT
 from codeckv.codecs.delta import Delta
 from codeckv.codecs.fit import for_head_dim
+from codeckv.codecs.fp4 import FP4
+from codeckv.codecs.fp8 import FP8
 from codeckv.codecs.lloyd_max import LloydMaxQuant
 from codeckv.codecs.pca import JointPCA
 from codeckv.codecs.quant import GroupQuant
@@ -185,6 +187,35 @@ TIERS: dict[str, Tier] = _tiers(
         key=GroupQuant(bits=8, group=32, per_channel=True),
         value=GroupQuant(bits=8, group=32),
         max_rel_error=0.01,
+    ),
+    Tier(
+        "fp8-e4m3",
+        "FP8 E4M3, one byte a value, static scale 1.0: vLLM's and SGLang's kv_cache_dtype=\"fp8\" default",
+        key=FP8("e4m3"),
+        value=FP8("e4m3"),
+        max_rel_error=0.03,
+    ),
+    Tier(
+        "fp8-e5m2",
+        "FP8 E5M2, one byte a value, static scale 1.0: vLLM's kv_cache_dtype=\"fp8_e5m2\"",
+        key=FP8("e5m2"),
+        value=FP8("e5m2"),
+        max_rel_error=0.06,
+    ),
+    Tier(
+        "nvfp4",
+        "NVFP4: E2M1 in blocks of 16 channels, an E4M3 scale each (per-tensor scale 1.0): Blackwell's KV format "
+        "in TensorRT-LLM",
+        key=FP4(block=16, scale_format="e4m3"),
+        value=FP4(block=16, scale_format="e4m3"),
+        max_rel_error=0.11,
+    ),
+    Tier(
+        "mxfp4",
+        "MXFP4 (OCP microscaling): E2M1 in blocks of 32 channels, a power-of-two (E8M0) scale each",
+        key=FP4(block=32, scale_format="e8m0"),
+        value=FP4(block=32, scale_format="e8m0"),
+        max_rel_error=0.2,
     ),
     Tier(
         "rotated-4",

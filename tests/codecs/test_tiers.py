@@ -76,6 +76,10 @@ BYTE_TARGETS = [  # (tier, head_dim, max steady-state ratio vs bf16, metadata in
     ("jpeg-k2-int8", 64, 0.14),
     ("jpeg-k4", 64, 0.50),  # bf16 coefficients, whatever the model dtype (fp32 on CPU)
     ("jpeg-k2", 64, 0.25),
+    ("fp8-e4m3", 64, 0.50),  # one byte a value, nothing else stored: the scale is the tier's
+    ("fp8-e5m2", 128, 0.50),
+    ("nvfp4", 64, 0.282),  # 4 bits + an 8-bit scale per 16 values: 4.5 bits
+    ("mxfp4", 64, 0.266),  # 4 bits + an 8-bit scale per 32 values: 4.25 bits
 ]
 
 
