@@ -36,7 +36,7 @@ from codeckv.codecs.dct import DCT
 from codeckv.codecs.delta import Delta
 from codeckv.codecs.fit import for_head_dim
 from codeckv.codecs.fp4 import FP4
-from codeckv.codecs.fp8 import FP8
+from codeckv.codecs.fp8 import CALIBRATED, FP8
 from codeckv.codecs.lloyd_max import LloydMaxQuant
 from codeckv.codecs.pca import JointPCA
 from codeckv.codecs.quant import GroupQuant
@@ -194,6 +194,13 @@ TIERS: dict[str, Tier] = _tiers(
         key=FP8("e4m3"),
         value=FP8("e4m3"),
         max_rel_error=0.03,
+    ),
+    Tier(
+        "fp8-e4m3-cal",
+        "FP8 E4M3 with a static scale per layer and KV head, calibrated as llm-compressor does (absmax / 448 over "
+        "calibration text); calibrated per model",
+        key=FP8("e4m3", scale=CALIBRATED),
+        value=FP8("e4m3", scale=CALIBRATED),
     ),
     Tier(
         "fp8-e5m2",

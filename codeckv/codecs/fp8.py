@@ -3,6 +3,7 @@
     FP8("e4m3")            # float8_e4m3fn: 4 exponent, 3 mantissa bits, at most 448; vLLM's default "fp8"
     FP8("e5m2")            # float8_e5m2: 5 exponent, 2 mantissa bits, at most 57344; vLLM's "fp8_e5m2"
     FP8("e4m3", scale=(0.2, 0.5))  # a static scale per KV head (llm-compressor's calibrated k_scale / v_scale)
+    FP8("e4m3", scale="calibrated")  # those per head and layer, from the model: make_cache(loaded, ...) sets them
 
 A value is divided by the static scale and cast, saturating at the format's largest value (vLLM converts with
 saturation); decode multiplies back. The scale is part of the codec, not of what it stores: vLLM keeps k_scale and
@@ -23,6 +24,7 @@ from codeckv.codecs.base import Encoded, check_input
 from codeckv.codecs.layout import NoRowLayout, RawRows, RowLayout
 
 FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+CALIBRATED = "calibrated"  # the scale a tier leaves to the model's calibration (codeckv/cache/kv_scales.py)
 
 
 @dataclass(frozen=True)
@@ -30,14 +32,17 @@ class FP8:
     """x / scale cast to an 8-bit float of format `fmt` (module docstring)."""
 
     fmt: str = "e4m3"
-    scale: float | tuple[float, ...] = 1.0  # static: one for every head, or one per KV head
+    scale: float | tuple[float, ...] | str = 1.0  # static: one for every head, one per KV head, or CALIBRATED
 
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
             raise ValueError(f"FP8: fmt={self.fmt!r} is not supported (allowed: {', '.join(FORMATS)})")
+        if self.scale == CALIBRATED:
+            return
         scales = self.scale if isinstance(self.scale, tuple) else (self.scale,)
         if not scales or not all(isinstance(s, float | int) and not isinstance(s, bool) and s > 0 for s in scales):
-            raise ValueError(f"FP8: scale={self.scale!r} must be a positive number or a tuple of them (one per head)")
+            raise ValueError(f"FP8: scale={self.scale!r} must be a positive number, a tuple of them (one per head) "
+                             f"or {CALIBRATED!r}")
 
     @property
     def block_tokens(self) -> int:
@@ -50,6 +55,9 @@ class FP8:
 
     def _scales(self, x: torch.Tensor) -> torch.Tensor | float:
         """The scale as a number, or (1, H, 1, 1) per head for x (B, H, S, D)."""
+        if self.scale == CALIBRATED:
+            raise ValueError("FP8: scale='calibrated' is set from the model's calibration: build the cache with "
+                             "make_cache(loaded, ...) (codeckv/cache/kv_scales.py)")
         if not isinstance(self.scale, tuple):
             return float(self.scale)
         if len(self.scale) != x.shape[1]:
