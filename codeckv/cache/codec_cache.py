@@ -104,6 +104,10 @@ class CodecCache(Cache):
         """
         tier = _tier(tier, overrides)
         why_not = codes_reason(config)
+        if why_not is not None and any(t.press is not None for t in (tier, *(t for _, t in tier.per_layer))):
+            raise ValueError(f"tier '{tier.name}' evicts tokens after each prefill chunk's attention, which its press "
+                             f"scores in codeckv's attention function; here {why_not} (allowed: a tier without a "
+                             "press)")
         if why_not is not None and materialization_free:
             raise ValueError(f"materialization_free=True: attention cannot read this model's stored codes: {why_not} "
                              "(allowed: None, which keeps a decoded view here, or False)")
@@ -132,6 +136,9 @@ class CodecCache(Cache):
         tier = _tier(tier, overrides)
         if tier.is_native:
             raise ValueError(f"tier '{tier.name}' is native: keep the cache itself (allowed: a tier that encodes)")
+        if tier.evicts:
+            raise ValueError(f"tier '{tier.name}' has a press, which scores each prefill chunk in its attention: "
+                             "prefill through make_cache(...)'s cache instead of converting a native one")
         kinds = {DynamicLayer: "full_attention", DynamicSlidingWindowLayer: "sliding_attention"}
         layer_types = [kinds.get(type(layer), type(layer).__name__) for layer in cache.layers]
         layer_kwargs = [{"sliding_window": getattr(layer, "sliding_window", None)} for layer in cache.layers]
@@ -243,6 +250,8 @@ def view_reason(tier: Tier) -> str | None:
         return None
     if tier.joint is not None:
         return "keys and values are coded together in entropy-coded chunks, which no attention kernel reads"
+    if tier.key is None:
+        return "a press alone keeps its tokens raw: attention reads them as they are"
     for side, codec in (("key", tier.key), ("value", tier.value)):
         layout = layout_of(codec)
         if isinstance(layout, NoRowLayout):
@@ -305,6 +314,9 @@ def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibratio
     short_view = materialization_free is None  # the cache's own choice: a short context's decode steps on a view
     if materialization_free is None:
         materialization_free = view_reason(tier) is None
+    if tier.key is None and tier.joint is None:  # a press alone: raw tokens, read as they are
+        return lambda index: CodecLayer(tier, raw_until, layer_kwargs[index].get("sliding_window")
+                                        if layer_types[index] in WINDOWED else None)
     if tier.joint is None:
         def per_tensor_layer(index: int) -> CodecLayer:
             kind, kwargs = layer_types[index], layer_kwargs[index]
