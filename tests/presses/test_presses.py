@@ -1,4 +1,4 @@
-"""Each press scores a chunk's tokens per KV head as its paper and kvpress do; keep_indices keeps the top (1 - ratio)."""
+"""Each press scores a chunk's tokens per KV head as its paper and kvpress do; keep_indices keeps the top share."""
 
 import math
 
