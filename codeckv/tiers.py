@@ -35,10 +35,13 @@ from codeckv.codecs.cast import Cast
 from codeckv.codecs.dct import DCT
 from codeckv.codecs.delta import Delta
 from codeckv.codecs.fit import for_head_dim
+from codeckv.codecs.fp4 import FP4
+from codeckv.codecs.fp8 import CALIBRATED, FP8
 from codeckv.codecs.lloyd_max import LloydMaxQuant
 from codeckv.codecs.pca import JointPCA
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rotation import Rotation
+from codeckv.presses import ExpectedAttentionPress, KnormPress, Press, SnapKVPress, StreamingLLMPress, TOVAPress
 
 MAX_RAW_TOKENS = 1 << 20  # keep_first / keep_recent at most: far past any context a cache here holds
 
@@ -62,6 +65,7 @@ class Tier:
     max_rel_error: float = math.inf  # bound on ||decode(encode(x)) - x|| / ||x|| on the test signal
     joint: JointPCA | None = None  # keys and values of a layer coded together (calibrated per model), no key/value
     per_layer: tuple[tuple[int, Tier], ...] = ()  # (layer index, tier) overriding this tier there (cache/schedule.py)
+    press: Press | None = None  # which tokens each layer keeps (codeckv/presses); the codecs store the kept ones
 
     def __post_init__(self) -> None:
         for side, codec in (("key", self.key), ("value", self.value)):
@@ -71,6 +75,15 @@ class Tier:
             raise ValueError(f"Tier {self.name!r}: joint={self.joint!r} is not a JointPCA (allowed: None, a JointPCA)")
         if self.joint is not None and (self.key is not None or self.value is not None):
             raise ValueError(f"Tier {self.name!r}: a joint coder codes keys and values itself (allowed: no key/value)")
+        if self.press is not None and not isinstance(self.press, Press):
+            raise ValueError(f"Tier {self.name!r}: press={self.press!r} is not a press (allowed: None, a "
+                             "codeckv.presses press)")
+        if self.press is not None and self.joint is not None:
+            raise ValueError(f"Tier {self.name!r}: a PCA tier removes RoPE at each token's position, which a press's "
+                             "eviction loses (allowed: a press with a per-tensor tier)")
+        if self.press is not None and (self.key is None) != (self.value is None):
+            raise ValueError(f"Tier {self.name!r}: a press stores the kept tokens raw or through both codecs "
+                             "(allowed: key and value codecs, or neither)")
         _check_count(self.keep_first, f"Tier {self.name!r}: keep_first")
         _check_count(self.keep_recent, f"Tier {self.name!r}: keep_recent")
         if not self.max_rel_error >= 0:
@@ -88,8 +101,14 @@ class Tier:
     @property
     def is_native(self) -> bool:
         """True when neither keys nor values are encoded, on any layer."""
-        plain = self.key is None and self.value is None and self.joint is None
+        plain = self.key is None and self.value is None and self.joint is None and self.press is None
         return plain and all(tier.is_native for _, tier in self.per_layer)
+
+    @property
+    def evicts(self) -> bool:
+        """True when a press evicts tokens on some layer: such a cache must take its prefill itself (the press scores
+        each chunk in attention), not be converted from a native one."""
+        return self.press is not None or any(tier.press is not None for _, tier in self.per_layer)
 
     def for_head_dims(self, key_dim: int, value_dim: int) -> Tier:
         """This tier with its codecs fitted to keys of key_dim and values of value_dim channels (codecs/fit.py):
@@ -135,6 +154,28 @@ def _pca(name: str, bits_per_element: float) -> Tier:
         "entropy-coded (ANS), step per chunk within the budget; calibrated per model",
         joint=JointPCA(bits_per_element=bits_per_element),
     )
+
+
+def _press(name: str, press: Press, how: str) -> Tier:
+    """A press alone: it evicts `press.ratio` of each prefill chunk's tokens, the kept ones stay raw."""
+    return Tier(name, f"{how}: evicts {press.ratio:.0%} of each prefill chunk's tokens, keeps the rest raw",
+                press=press, max_rel_error=0.0)
+
+
+def compose(press_tier: Tier, codec_tier: Tier) -> Tier:
+    """A press tier's press over a per-tensor codec tier: "snapkv-50+turbo-4" keeps SnapKV's tokens stored as turbo-4
+    stores them (presses/base.py). Refused for a PCA or native codec tier, or a first tier without a press."""
+    if press_tier.press is None or press_tier.key is not None:
+        raise ValueError(f"'{press_tier.name}' is not a press tier (allowed before '+': "
+                         f"{', '.join(n for n, t in TIERS.items() if t.press is not None and t.key is None)})")
+    if codec_tier.key is None or codec_tier.press is not None or codec_tier.per_layer:
+        raise ValueError(f"'{codec_tier.name}' is not a per-tensor codec tier (allowed after '+': "
+                         f"{', '.join(n for n, t in TIERS.items() if t.key is not None and t.press is None)})")
+    return dataclasses.replace(codec_tier, name=f"{press_tier.name}+{codec_tier.name}",
+                               description=f"{press_tier.description.split(':')[0]} {press_tier.press.ratio:.0%} "
+                                           f"evicted, the kept tokens stored as {codec_tier.name}: "
+                                           f"{codec_tier.description}",
+                               press=press_tier.press)
 
 
 def pca_tier(bits_per_element: float) -> Tier:
@@ -187,6 +228,42 @@ TIERS: dict[str, Tier] = _tiers(
         max_rel_error=0.01,
     ),
     Tier(
+        "fp8-e4m3",
+        "FP8 E4M3, one byte a value, static scale 1.0: vLLM's and SGLang's kv_cache_dtype=\"fp8\" default",
+        key=FP8("e4m3"),
+        value=FP8("e4m3"),
+        max_rel_error=0.03,
+    ),
+    Tier(
+        "fp8-e4m3-cal",
+        "FP8 E4M3 with a static scale per layer and KV head, calibrated as llm-compressor does (absmax / 448 over "
+        "calibration text); calibrated per model",
+        key=FP8("e4m3", scale=CALIBRATED),
+        value=FP8("e4m3", scale=CALIBRATED),
+    ),
+    Tier(
+        "fp8-e5m2",
+        "FP8 E5M2, one byte a value, static scale 1.0: vLLM's kv_cache_dtype=\"fp8_e5m2\"",
+        key=FP8("e5m2"),
+        value=FP8("e5m2"),
+        max_rel_error=0.06,
+    ),
+    Tier(
+        "nvfp4",
+        "NVFP4: E2M1 in blocks of 16 channels, an E4M3 scale each (per-tensor scale 1.0): Blackwell's KV format "
+        "in TensorRT-LLM",
+        key=FP4(block=16, scale_format="e4m3"),
+        value=FP4(block=16, scale_format="e4m3"),
+        max_rel_error=0.11,
+    ),
+    Tier(
+        "mxfp4",
+        "MXFP4 (OCP microscaling): E2M1 in blocks of 32 channels, a power-of-two (E8M0) scale each",
+        key=FP4(block=32, scale_format="e8m0"),
+        value=FP4(block=32, scale_format="e8m0"),
+        max_rel_error=0.2,
+    ),
+    Tier(
         "rotated-4",
         "Baseline: turbo-4 without Lloyd-Max levels: K 4-bit per channel (32 tokens), V rotated 4-bit min/max "
         "(group 32)",
@@ -197,6 +274,14 @@ TIERS: dict[str, Tier] = _tiers(
     _turbo("turbo-4", key_bits=4, value_bits=4, max_rel_error=0.09),
     _turbo("turbo-3", key_bits=3, value_bits=3, max_rel_error=0.18),
     _turbo("turbo-k4v2", key_bits=4, value_bits=2, max_rel_error=0.35),
+    *(_press(f"streamingllm-{r}", StreamingLLMPress(r / 100), "StreamingLLM (4 sinks + the newest tokens)")
+      for r in (50, 75)),
+    *(_press(f"snapkv-{r}", SnapKVPress(r / 100), "SnapKV (attention of the last 64 queries, pooled)")
+      for r in (50, 75)),
+    *(_press(f"knorm-{r}", KnormPress(r / 100), "Key norm (the smallest keys)") for r in (50, 75)),
+    *(_press(f"tova-{r}", TOVAPress(r / 100), "TOVA (attention of the last query)") for r in (50, 75)),
+    *(_press(f"expected-{r}", ExpectedAttentionPress(r / 100), "Expected attention (of the coming queries)")
+      for r in (50, 75)),
     _pca("pca-5x", 3.2),
     _pca("pca-8x", 2.0),
     _pca("pca-16x", 1.0),
@@ -204,11 +289,19 @@ TIERS: dict[str, Tier] = _tiers(
 )
 
 
+TIERS.update({t.name: t for t in (compose(TIERS["snapkv-50"], TIERS["turbo-4"]),
+                                   compose(TIERS["snapkv-75"], TIERS["turbo-4"]))})  # the two families together
+
+
 def get_tier(name: str) -> Tier:
-    """TIERS[name], or a ValueError listing the tier names."""
-    if name not in TIERS:
-        raise ValueError(f"unknown tier {name!r} (allowed: {', '.join(TIERS)})")
-    return TIERS[name]
+    """TIERS[name], a press tier composed with a codec tier ("snapkv-50+turbo-4": compose), or a ValueError listing
+    the tier names."""
+    if name in TIERS:
+        return TIERS[name]
+    press, plus, codec = name.partition("+") if isinstance(name, str) else ("", "", "")
+    if plus and press in TIERS and codec in TIERS:
+        return compose(TIERS[press], TIERS[codec])
+    raise ValueError(f"unknown tier {name!r} (allowed: {', '.join(TIERS)}, or press+tier such as snapkv-50+turbo-4)")
 
 
 def as_tier(tier: Tier | str) -> Tier:

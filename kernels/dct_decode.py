@@ -16,7 +16,16 @@ import triton.language as tl
 from codeckv.codecs.layout import Codec, Encoded, RowLayout
 
 from .layout import basis, layout_of, levels, rotation, tensors
-from .triton_helpers import Launch, load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
+from .triton_helpers import (
+    Launch,
+    load_rows,
+    loadable,
+    pow2,
+    quant_meta,
+    rotation_slab,
+    rotation_slab_width,
+    row_strides,
+)
 
 TOKENS_PER_TILE = 32  # about this many output tokens per program
 
@@ -35,7 +44,7 @@ def _dct_decode_kernel(
     K: tl.constexpr, R: tl.constexpr, R_P: tl.constexpr, BLOCK_NB: tl.constexpr,  # frequencies, block, tile
     D: tl.constexpr, D_P: tl.constexpr, ROTATE: tl.constexpr, SLAB: tl.constexpr,
     RAW: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, PER_CHANNEL: tl.constexpr,
-    HAS_OFFSET: tl.constexpr, LLOYD: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, LLOYD: tl.constexpr, RAW_FMT: tl.constexpr, SCALE_FMT: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -55,7 +64,8 @@ def _dct_decode_kernel(
             part = tl.zeros((BLOCK_NB, R_P, SLAB), dtype=tl.float32)
             for j in range(K):
                 coeff = load_rows(rows_base, scale_base, offset_base, lut_ptr, blk * K + j, dc, blk < n_blocks,
-                                  r_sr, s_sr, RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD)  # (NB, 1, SLAB)
+                                  r_sr, s_sr, RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD, RAW_FMT,
+                                  SCALE_FMT)  # (NB, 1, SLAB)
                 part += tl.load(basis_ptr + j * R + n, mask=n < R, other=0.0) * coeff
             out2 += tl.dot(tl.reshape(part, (BLOCK_NB * R_P, SLAB)), rotation_slab(rot_ptr, c0, SLAB, D, True),
                            input_precision="ieee")
@@ -64,7 +74,7 @@ def _dct_decode_kernel(
         out = tl.zeros((BLOCK_NB, R_P, D_P), dtype=tl.float32)
         for j in range(K):  # x[blk*R + n] = sum_j M[j, n] * coeff[blk*K + j]
             coeff = load_rows(rows_base, scale_base, offset_base, lut_ptr, blk * K + j, d, row_mask, r_sr, s_sr,
-                              RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD)  # (NB, 1, D_P)
+                              RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD, RAW_FMT, SCALE_FMT)  # (NB, 1, D_P)
             m = tl.load(basis_ptr + j * R + n, mask=n < R, other=0.0)  # (1, R_P, 1)
             out += m * coeff
     dst = out_ptr + (b * n_heads + h) * n_blocks * R * D + (blk * R + n) * D + d
@@ -99,15 +109,17 @@ def dct_decode_launch(enc: Encoded, codec: Codec) -> tuple[Launch, torch.Tensor]
         block_nb = pow2(max(1, TOKENS_PER_TILE // r_p))
     else:
         block_nb = pow2(triton.cdiv(16, r_p))  # 16 tokens: tl.dot's minimum, and the rotation's registers
+    meta = quant_meta(spec, "", rows, scale)
     scale = rows if scale is None else scale
     launch = Launch(_dct_decode_kernel, (b * h, triton.cdiv(n_blocks, block_nb)), (
-        rows, scale, scale if offset is None else offset, lut, m, m if rot is None else rot, out,
+        loadable(rows), loadable(scale), loadable(scale if offset is None else offset), lut, m,
+        m if rot is None else rot, out,
         h, n_blocks, *row_strides(rows), *row_strides(scale),
     ), dict(
         K=layout.k, R=layout.block, R_P=r_p, BLOCK_NB=block_nb, D=d, D_P=pow2(d), ROTATE=rot is not None,
         SLAB=rotation_slab_width(d),
         num_warps=8 if rot is not None else 4,
-        **quant_meta(spec, ""),
+        **meta,
     ))
     return launch, out
 

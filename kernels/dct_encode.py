@@ -24,6 +24,7 @@ from .triton_helpers import (
     Launch,
     encoder_inputs,
     encoder_meta,
+    encoder_writes,
     pow2,
     quant_outputs,
     quantize_pack,
@@ -107,7 +108,7 @@ def dct_encode_supported(x: torch.Tensor, codec: Codec) -> bool:
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
     spec = layout.quant
-    if spec is not None and not (spec.packs(d) and spec.fits(d)):
+    if spec is not None and not (spec.packs(d) and spec.fits(d) and encoder_writes(spec)):
         return False
     return layout.rotation is None or (d >= 16 and d & (d - 1) == 0)
 

@@ -37,7 +37,7 @@ from codeckv.codecs.layout import Codec, Encoded, NoRowLayout, QuantRows, RowLay
 
 from .layout import basis, layout_of, levels, rotation, rows, synthesis_basis, tensors
 from .segments import Coded, Raw, Segment, geometry, value_rotation
-from .triton_helpers import Launch, load_rows, pow2, quant_meta, row_strides
+from .triton_helpers import Launch, load_rows, loadable, pow2, quant_meta, row_strides
 
 CHUNK_TOKENS = 1024  # tokens per step of the reference (rounded to whole blocks)
 BLOCK_NB = 8  # blocks per tile: the smallest k tl.dot takes for float32 (module docstring)
@@ -202,9 +202,9 @@ def _decode_attention_kernel(
     D: tl.constexpr, D_P: tl.constexpr, DV: tl.constexpr, DV_P: tl.constexpr,
     K: tl.constexpr, R: tl.constexpr, R_P: tl.constexpr, BLOCK_NB: tl.constexpr,  # rows / tokens per block, tile
     K_RAW: tl.constexpr, K_BITS: tl.constexpr, K_GROUP: tl.constexpr, K_PER_CHANNEL: tl.constexpr,
-    K_HAS_OFFSET: tl.constexpr, K_LLOYD: tl.constexpr,
+    K_HAS_OFFSET: tl.constexpr, K_LLOYD: tl.constexpr, K_RAW_FMT: tl.constexpr, K_SCALE_FMT: tl.constexpr,
     V_RAW: tl.constexpr, V_BITS: tl.constexpr, V_GROUP: tl.constexpr, V_PER_CHANNEL: tl.constexpr,
-    V_HAS_OFFSET: tl.constexpr, V_LLOYD: tl.constexpr,
+    V_HAS_OFFSET: tl.constexpr, V_LLOYD: tl.constexpr, V_RAW_FMT: tl.constexpr, V_SCALE_FMT: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -234,7 +234,7 @@ def _decode_attention_kernel(
         for j in range(K):  # q . token n of a block = sum_j (q . row j) M[j, n]: row j of every block at once
             kc = load_rows(k_base, k_scale + ks_base, k_offset + ks_base, k_lut, blk[:, None] * K + j, dk,
                            ok & (dk < D), k_sr, ks_sr, K_RAW, K_BITS, K_GROUP, K_PER_CHANNEL, K_HAS_OFFSET,
-                           K_LLOYD)  # (NB, D_P)
+                           K_LLOYD, K_RAW_FMT, K_SCALE_FMT)  # (NB, D_P)
             qc = tl.dot(q, tl.trans(kc), input_precision="ieee")  # (NQ_P, NB)
             mj = tl.load(basis_ptr + j * R + n_tok, mask=n_tok < R, other=0.0)  # (R_P,)
             s += qc[:, :, None] * mj[None, None, :]
@@ -250,7 +250,7 @@ def _decode_attention_kernel(
             pc = tl.sum(p * mj[None, None, :], axis=2)  # (NQ_P, NB)
             vc = load_rows(v_base, v_scale + vs_base, v_offset + vs_base, v_lut, blk[:, None] * K + j, dv,
                            ok & (dv < DV), v_sr, vs_sr, V_RAW, V_BITS, V_GROUP, V_PER_CHANNEL, V_HAS_OFFSET,
-                           V_LLOYD)  # (NB, DV_P)
+                           V_LLOYD, V_RAW_FMT, V_SCALE_FMT)  # (NB, DV_P)
             acc += tl.dot(pc, vc, input_precision="ieee")
         m_i = m_new
 
@@ -324,11 +324,17 @@ class _Stream:
         return _Stream(*tensors(layout, enc), layout.quant)
 
     def args(self, device: torch.device) -> list:
-        """rows, scale, zero, levels pointers, then the rows' and the scale's (batch, head, row) strides."""
+        """rows, scale, zero, levels pointers (8-bit floats as bytes), then the rows' and the scale's (batch, head,
+        row) strides."""
         scale = self.rows if self.scale is None else self.scale  # placeholders are never read
         zero = scale if self.zero is None else self.zero
         table = levels(self.spec, device) if self.spec is not None else synthesis_basis(1, 1, device)
-        return [self.rows, scale, zero, table, *row_strides(self.rows), *row_strides(scale)]
+        return [loadable(self.rows), loadable(scale), loadable(zero), table, *row_strides(self.rows),
+                *row_strides(scale)]
+
+    def meta(self, prefix: str) -> dict[str, int | bool]:
+        """The stream's constexprs (quant_meta)."""
+        return quant_meta(self.spec, prefix, self.rows, self.scale)
 
 
 def decode_attention_launches(
@@ -383,7 +389,7 @@ def decode_attention_launches(
             hkv, nq, rows_p, n_blocks, per_split, slot, total, scale * LOG2E,
         ), dict(
             NQ_P=nq_p, D=d, D_P=d_p, DV=dv, DV_P=dv_p, K=k, R=r, R_P=pow2(r),
-            BLOCK_NB=BLOCK_NB, **quant_meta(keys.spec, "K_"), **quant_meta(values.spec, "V_"),
+            BLOCK_NB=BLOCK_NB, **keys.meta("K_"), **values.meta("V_"),
             num_warps=NUM_WARPS, num_stages=1,  # no software pipelining (module docstring)
         )))
         slot += n_split

@@ -14,7 +14,16 @@ import triton.language as tl
 from codeckv.codecs.layout import Codec, Encoded, RowLayout
 
 from .layout import layout_of, levels, rotation, tensors
-from .triton_helpers import Launch, load_rows, pow2, quant_meta, rotation_slab, rotation_slab_width, row_strides
+from .triton_helpers import (
+    Launch,
+    load_rows,
+    loadable,
+    pow2,
+    quant_meta,
+    rotation_slab,
+    rotation_slab_width,
+    row_strides,
+)
 
 TOKENS_PER_TILE = 16  # tokens per program (32 spilled: kernels.compile_check)
 
@@ -31,7 +40,7 @@ def _dequant_rotate_kernel(
     s_sb, s_sh, s_sr,  # scale / zero strides (batch, head, row)
     BLOCK_T: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, ROTATE: tl.constexpr, SLAB: tl.constexpr,
     RAW: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, PER_CHANNEL: tl.constexpr,
-    HAS_OFFSET: tl.constexpr, LLOYD: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, LLOYD: tl.constexpr, RAW_FMT: tl.constexpr, SCALE_FMT: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -47,11 +56,12 @@ def _dequant_rotate_kernel(
         y = tl.zeros((BLOCK_T, D_P), dtype=tl.float32)
         for c0 in tl.static_range(0, D, SLAB):
             part = load_rows(codes_base, scale_base, offset_base, lut_ptr, t, c0 + tl.arange(0, SLAB)[None, :],
-                             t < n_tokens, c_sr, s_sr, RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD)
+                             t < n_tokens, c_sr, s_sr, RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD, RAW_FMT,
+                             SCALE_FMT)
             y += tl.dot(part, rotation_slab(rot_ptr, c0, SLAB, D, True), input_precision="ieee")
     else:
         y = load_rows(codes_base, scale_base, offset_base, lut_ptr, t, d, mask, c_sr, s_sr,
-                      RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD)
+                      RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD, RAW_FMT, SCALE_FMT)
     tl.store(out_ptr + (b * n_heads + h) * n_tokens * D + t * D + d, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -77,12 +87,12 @@ def dequant_rotate_launch(enc: Encoded, codec: Codec) -> tuple[Launch, torch.Ten
     rot = rotation(layout, d, device)
     out = torch.empty((b, h, s, d), dtype=enc.dtype, device=device)
     launch = Launch(_dequant_rotate_kernel, (b * h, triton.cdiv(s, TOKENS_PER_TILE)), (
-        codes, scale, scale if offset is None else offset, lut, lut if rot is None else rot, out,
+        codes, loadable(scale), loadable(scale if offset is None else offset), lut, lut if rot is None else rot, out,
         h, s, *row_strides(codes), *row_strides(scale),
     ), dict(
         BLOCK_T=TOKENS_PER_TILE, D=d, D_P=pow2(d), ROTATE=rot is not None, SLAB=rotation_slab_width(d),
         num_warps=8 if rot is not None else 4,
-        **quant_meta(spec, ""),
+        **quant_meta(spec, "", codes, scale),
     ))
     return launch, out
 

@@ -33,6 +33,7 @@ from .dequant_rotate import dequant_rotate_ref, dequant_rotate_supported, dequan
 from .layout import layout_of
 from .rotate_quant import rotate_quant_ref, rotate_quant_supported, rotate_quant_triton
 from .segments import Coded, Raw, Segment
+from .triton_helpers import encoder_writes
 
 __all__ = [  # re-exported by kernels/__init__.py
     "Coded",
@@ -150,6 +151,8 @@ def _why_no_kernel(layout: RowLayout | NoRowLayout, head_dim: int, dtype: torch.
     spec = layout.quant
     if layout.block == 1 and spec is None:
         return "raw per-token rows: a plain cast, no kernel"
+    if not encoder_writes(spec):
+        return "a codebook scaled by the format's own rule (E2M1): the codec encodes it, the kernels read it"
     if dtype not in FLOAT_INPUTS:
         return f"{dtype} tokens (the kernels read float32, float16, bfloat16)"
     if spec is not None and not (spec.packs(head_dim) and spec.fits(head_dim)):

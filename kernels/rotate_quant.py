@@ -21,6 +21,7 @@ from .triton_helpers import (
     Launch,
     encoder_inputs,
     encoder_meta,
+    encoder_writes,
     pow2,
     quant_outputs,
     quantize_pack,
@@ -83,7 +84,7 @@ def rotate_quant_supported(x: torch.Tensor, codec: Codec) -> bool:
     d = x.shape[-1]
     if not isinstance(layout, RowLayout) or layout.block != 1 or layout.quant is None:
         return False
-    if not (layout.quant.packs(d) and layout.quant.fits(d)):
+    if not (layout.quant.packs(d) and layout.quant.fits(d)) or not encoder_writes(layout.quant):
         return False
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False

@@ -30,14 +30,32 @@ def pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
-def quant_meta(spec: QuantRows | None, prefix: str) -> dict[str, int | bool]:
-    """Constexpr kernel arguments of a row stream: {prefix}RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD."""
+FLOAT8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2, torch.float8_e8m0fnu: 3}  # read as bytes: fp8_value
+
+
+def float8_format(t: torch.Tensor | None) -> int:
+    """The fp8_value format of a stored tensor: 1 e4m3, 2 e5m2, 3 e8m0; 0 for any other dtype (loaded as it is)."""
+    return 0 if t is None else FLOAT8.get(t.dtype, 0)
+
+
+def loadable(t: torch.Tensor) -> torch.Tensor:
+    """A stored tensor as a kernel takes it: an 8-bit float one as its bytes (no GPU before sm_89 loads fp8, and
+    Triton has no e8m0 type), decoded in the kernel by fp8_value; anything else as it is."""
+    return t.view(torch.uint8) if t.dtype in FLOAT8 else t
+
+
+def quant_meta(spec: QuantRows | None, prefix: str, rows: torch.Tensor | None = None,
+               scale: torch.Tensor | None = None) -> dict[str, int | bool]:
+    """Constexpr kernel arguments of a row stream: {prefix}RAW, BITS, GROUP, PER_CHANNEL, HAS_OFFSET, LLOYD, and
+    RAW_FMT / SCALE_FMT, the 8-bit float formats of its raw rows / scales (float8_format of the stored tensors)."""
+    formats = {f"{prefix}RAW_FMT": float8_format(rows) if spec is None else 0,
+               f"{prefix}SCALE_FMT": float8_format(scale) if spec is not None else 0}
     if spec is None:
         return {f"{prefix}RAW": True, f"{prefix}BITS": 8, f"{prefix}GROUP": 1, f"{prefix}PER_CHANNEL": False,
-                f"{prefix}HAS_OFFSET": False, f"{prefix}LLOYD": False}
+                f"{prefix}HAS_OFFSET": False, f"{prefix}LLOYD": False, **formats}
     return {f"{prefix}RAW": False, f"{prefix}BITS": spec.bits, f"{prefix}GROUP": spec.group,
             f"{prefix}PER_CHANNEL": spec.per_channel, f"{prefix}HAS_OFFSET": spec.offset is not None,
-            f"{prefix}LLOYD": spec.lloyd_max}
+            f"{prefix}LLOYD": spec.lloyd_max, **formats}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -61,19 +79,37 @@ def unpack_codes(codes_ptr, rows, chans, mask, row_stride, BITS: tl.constexpr):
 
 
 @triton.jit
+def fp8_value(byte, FMT: tl.constexpr):
+    """float32 of 8-bit float bytes (int32, 0..255): FMT 1 e4m3 (bias 7), 2 e5m2 (bias 15), 3 e8m0 (2^(byte-127))."""
+    if FMT == 3:
+        return tl.math.exp2((byte - 127).to(tl.float32))
+    M_BITS: tl.constexpr = 3 if FMT == 1 else 2
+    E_MASK: tl.constexpr = 15 if FMT == 1 else 31
+    BIAS: tl.constexpr = 7 if FMT == 1 else 15
+    e = (byte >> M_BITS) & E_MASK
+    m = (byte & ((1 << M_BITS) - 1)).to(tl.float32) * (1.0 / (1 << M_BITS))
+    magnitude = tl.where(e == 0, m * tl.math.exp2(1.0 - BIAS), (1.0 + m) * tl.math.exp2((e - BIAS).to(tl.float32)))
+    return tl.where((byte & 128) != 0, -magnitude, magnitude)
+
+
+@triton.jit
 def load_rows(
     rows_ptr,  # codes (B, H, N, D*bits/8) uint8, or raw rows (B, H, N, D), already offset to (b, h)
-    scale_ptr,  # fp16 scales, already offset to (b, h): (N, D/group) per token, (N/group, D) per channel
+    scale_ptr,  # fp16 (or 8-bit float) scales, offset to (b, h): (N, D/group) per token, (N/group, D) per channel
     offset_ptr,  # fp16 zeros, same layout as scale (ignored unless HAS_OFFSET)
     lut_ptr,  # (2**bits,) float32 levels (Lloyd-Max codebook; ignored unless LLOYD)
     rows, chans, mask,  # broadcastable row / channel indices and validity
     row_stride, stat_stride,  # element strides between rows of rows_ptr / scale_ptr
     RAW: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, PER_CHANNEL: tl.constexpr,
     HAS_OFFSET: tl.constexpr, LLOYD: tl.constexpr,
+    RAW_FMT: tl.constexpr, SCALE_FMT: tl.constexpr,  # 0, or the fp8_value format of raw rows / scales held as bytes
 ):
     """Dequantized float32 rows: level[code] * scale (+ offset), or the raw rows cast to float32."""
     if RAW:
-        x = tl.load(rows_ptr + rows * row_stride + chans, mask=mask, other=0.0).to(tl.float32)
+        if RAW_FMT == 0:
+            x = tl.load(rows_ptr + rows * row_stride + chans, mask=mask, other=0.0).to(tl.float32)
+        else:
+            x = fp8_value(tl.load(rows_ptr + rows * row_stride + chans, mask=mask, other=0).to(tl.int32), RAW_FMT)
     else:
         code = unpack_codes(rows_ptr, rows, chans, mask, row_stride, BITS)
         if LLOYD:
@@ -84,7 +120,10 @@ def load_rows(
             stat = (rows // GROUP) * stat_stride + chans
         else:
             stat = rows * stat_stride + chans // GROUP
-        x = level * tl.load(scale_ptr + stat, mask=mask, other=0.0).to(tl.float32)
+        if SCALE_FMT == 0:
+            x = level * tl.load(scale_ptr + stat, mask=mask, other=0.0).to(tl.float32)
+        else:
+            x = level * fp8_value(tl.load(scale_ptr + stat, mask=mask, other=0).to(tl.int32), SCALE_FMT)
         if HAS_OFFSET:
             x = x + tl.load(offset_ptr + stat, mask=mask, other=0.0).to(tl.float32)
     return x
@@ -255,6 +294,12 @@ def quant_outputs(spec: QuantRows, shape: tuple[int, int, int, int], device: tor
     if offset is not None:
         data[prefix + spec.offset] = offset
     return codes, scale, offset, data
+
+
+def encoder_writes(spec: QuantRows | None) -> bool:
+    """True for rows quantize_pack writes: a min/max grid, or Lloyd-Max levels with their search tables. Other
+    codebooks (FP4's E2M1, scaled by its own rule) are encoded by their codec."""
+    return spec is None or not spec.lloyd_max or (spec.thresholds is not None and bool(spec.scale_multiples))
 
 
 def encoder_inputs(spec: QuantRows | None, device: torch.device) -> list:

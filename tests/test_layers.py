@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lowest first: a module may import its own layer and the layers before it, never one after it.
 LAYERS = [
     ("codeckv", "codeckv.paths", "codeckv.loaded", "codeckv.corpus"),  # leaves (the package's lazy __init__)
-    ("codeckv.codecs",),
+    ("codeckv.codecs", "codeckv.presses"),  # how a layer stores its tokens; which tokens it keeps
     ("codeckv.tiers",),
     ("codeckv.cache",),
     ("codeckv.models",),

@@ -12,6 +12,8 @@ time, not in every layer until the next forward). Untagged keys (native layers, 
 transformers' SDPA unchanged, so a model routed here attends exactly as with SDPA on any other cache. Only a model
 that has an SDPA path is routed here: one whose attention SDPA cannot compute (Gemma-2's softcapped scores,
 gpt-oss's learned sinks) keeps its own, and its caches a decoded view.
+A layer whose tier has a press (codeckv/presses) evicts from each prefill chunk here, right after the chunk's
+attention read it (CodecLayer.press: the chunk's queries score its tokens).
 A StackedCache (codeckv/cache/stacked.py) tags its keys with its members' outputs: each member's rows of
 the batch attend to that member's keys alone, by the same rules.
 """
@@ -24,6 +26,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from codeckv.cache.coded_layer import TAG
+from codeckv.cache.layers import PRESS_TAG
 from codeckv.cache.stacked import STACK_TAG
 
 ATTENTION = "codeckv"  # the attn_implementation name
@@ -48,7 +51,11 @@ def codec_attention(
         if key.is_meta:  # a CodedLayer's shapes that the model transformed before attention (e.g. MLA's expansion)
             raise ValueError("codeckv attention: this model transforms the cached keys before attention, so attention "
                              "cannot read their codes (allowed: make_cache(..., materialization_free=False))")
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        presser = getattr(key, PRESS_TAG, None)
+        if presser is not None:  # a codec layer's view of a prefill chunk its press evicts from, now it was read
+            presser.press(query)
+        return out
     if dropout:
         raise ValueError("codeckv attention: dropout is not supported on the stored codes (allowed: eval mode, or "
                          "make_cache(..., materialization_free=None or False), a decoded view)")
@@ -57,6 +64,8 @@ def codec_attention(
         out = sdpa_attention_forward(module, query, keys, values, attention_mask, dropout, scaling, **kwargs)[0]
     else:
         out = layer.attend(query, attention_mask, scaling).transpose(1, 2).contiguous()  # (B, T, Hq, Dv)
+    if layer._pressable:  # its press evicts from the prefill chunk just read, before anything of it is archived
+        layer.press(query)
     layer.flush()  # archive what the new tokens completed now: a forward holds one layer's raw chunk, not all
     return out, None
 

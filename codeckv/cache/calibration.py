@@ -33,12 +33,12 @@ from typing import NamedTuple
 import torch
 
 from codeckv.cache.calibration_fit import Basis, Progress, TierFit, capture_rows, fit_basis, fit_coders
+from codeckv.cache.calibration_text import calibration_dir, calibration_windows
+from codeckv.cache.kv_scales import KVScales, kv_scales, needs_scales
 from codeckv.cache.schedule import tiers_used
 from codeckv.codecs.ans import EntropyTable
 from codeckv.codecs.pca import JointPCA, LayerCoder
 from codeckv.codecs.rope import Rope
-from codeckv.corpus import bible_held_out_text, corpus_text, leading_tokens
-from codeckv.paths import cache_dir
 from codeckv.tiers import TIERS, Tier
 
 VERSION = 5  # bump when the calibration recipe or the saved format changes: old files are then ignored
@@ -84,11 +84,6 @@ def budget_shares(calibration: Calibration, layers=None) -> dict[int, float]:
     return {i: b / e / mean for i, b, e in zip(layers, bits, elements)}
 
 
-def calibration_dir() -> Path:
-    """Where calibrations live: $CODECKV_CACHE/calibration."""
-    return cache_dir() / "calibration"
-
-
 def _file(model: str, kind: str, key: dict) -> Path:
     safe = "".join(c if c.isalnum() or c in "-." else "_" for c in model)
     digest = hashlib.sha256(json.dumps({**key, "model": model, "version": VERSION}, sort_keys=True).encode())
@@ -103,22 +98,6 @@ def calibration_path(model: str, spec: JointPCA) -> Path:
 def basis_path(model: str, windows: int, length: int) -> Path:
     """The file of a model's basis, shared by its tiers calibrated on `windows` x `length` tokens."""
     return _file(model, "-basis", {"windows": windows, "length": length})
-
-
-def calibration_windows(tokenizer, windows: int, length: int) -> torch.Tensor:
-    """(windows, length) token ids, the calibration text: the first ceil(windows / 2) the last tokens of the embedded
-    corpus, the others each the start of a chapter of the Bible's New Testament (corpus.bible_held_out_text), the
-    chapters found at even spacing through it."""
-    from_corpus, from_bible = (windows + 1) // 2, windows // 2
-    ids = tokenizer(corpus_text(), return_tensors="pt").input_ids[0]
-    if ids.numel() < 2 * from_corpus * length:
-        raise ValueError(f"the corpus has {ids.numel()} tokens: too few for {from_corpus} calibration windows of "
-                         f"{length} tokens apart from the quality windows (allowed: at most {ids.numel() // 2})")
-    corpus = ids[ids.numel() - from_corpus * length :].view(from_corpus, length)
-    bible = bible_held_out_text()
-    starts = [bible.index("\n\n", i * len(bible) // from_bible) + 2 if i else 0 for i in range(from_bible)]
-    chapters = [leading_tokens(tokenizer, bible[start:], length)[:length] for start in starts]
-    return torch.cat([corpus, *(chapter[None] for chapter in chapters)])
 
 
 _LOADED: dict[Path, Calibration] = {}  # calibrations already read or computed in this process
@@ -136,8 +115,9 @@ def calibration_status(model: str) -> dict[str, CalibrationStatus]:
 
 
 def calibration_for(loaded, tier: Tier, compute: bool = True,
-                    progress: Progress | None = None) -> Calibration | list[Calibration] | None:
+                    progress: Progress | None = None) -> Calibration | KVScales | list | None:
     """The calibration `tier` needs on a LoadedModel (None when it needs none): from memory, from disk, or computed.
+    A tier whose FP8 codecs take calibrated scales gets the model's KVScales (cache/kv_scales.py: seconds).
 
     Computing it computes every PCA tier of TIERS calibrated on the same text (calibrate_all) and saves them under
     calibration_dir(); compute=False raises ValueError instead. progress(fraction, message) is called as the
@@ -145,7 +125,10 @@ def calibration_for(loaded, tier: Tier, compute: bool = True,
     A per-layer schedule (codeckv/cache/schedule.py) gets the list of its PCA tiers' calibrations (None if it has none).
     """
     if tier.per_layer:
-        return [calibration_for(loaded, t, compute, progress) for t in tiers_used(tier) if t.joint is not None] or None
+        found = [calibration_for(loaded, t, compute, progress) for t in tiers_used(tier) if t.joint is not None]
+        return found + ([kv_scales(loaded)] if needs_scales(tier) else []) or None
+    if needs_scales(tier):
+        return kv_scales(loaded)
     if tier.joint is None:
         return None
     return calibrate_all(loaded, [tier], compute, progress)[tier.name]

@@ -41,6 +41,7 @@ from codeckv.cache.flush import flush_layers
 from codeckv.cache.footprint import Footprint, LayerFootprint
 from codeckv.cache.hybrid_layer import HYBRID, HybridCodecLayer, HybridCodedLayer
 from codeckv.cache.kernel_ops import layout_of
+from codeckv.cache.kv_scales import KVScales, needs_scales
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
 from codeckv.cache.saved_format import save_cache
@@ -103,6 +104,10 @@ class CodecCache(Cache):
         """
         tier = _tier(tier, overrides)
         why_not = codes_reason(config)
+        if why_not is not None and any(t.press is not None for t in (tier, *(t for _, t in tier.per_layer))):
+            raise ValueError(f"tier '{tier.name}' evicts tokens after each prefill chunk's attention, which its press "
+                             f"scores in codeckv's attention function; here {why_not} (allowed: a tier without a "
+                             "press)")
         if why_not is not None and materialization_free:
             raise ValueError(f"materialization_free=True: attention cannot read this model's stored codes: {why_not} "
                              "(allowed: None, which keeps a decoded view here, or False)")
@@ -131,6 +136,9 @@ class CodecCache(Cache):
         tier = _tier(tier, overrides)
         if tier.is_native:
             raise ValueError(f"tier '{tier.name}' is native: keep the cache itself (allowed: a tier that encodes)")
+        if tier.evicts:
+            raise ValueError(f"tier '{tier.name}' has a press, which scores each prefill chunk in its attention: "
+                             "prefill through make_cache(...)'s cache instead of converting a native one")
         kinds = {DynamicLayer: "full_attention", DynamicSlidingWindowLayer: "sliding_attention"}
         layer_types = [kinds.get(type(layer), type(layer).__name__) for layer in cache.layers]
         layer_kwargs = [{"sliding_window": getattr(layer, "sliding_window", None)} for layer in cache.layers]
@@ -242,6 +250,8 @@ def view_reason(tier: Tier) -> str | None:
         return None
     if tier.joint is not None:
         return "keys and values are coded together in entropy-coded chunks, which no attention kernel reads"
+    if tier.key is None:
+        return "a press alone keeps its tokens raw: attention reads them as they are"
     for side, codec in (("key", tier.key), ("value", tier.value)):
         layout = layout_of(codec)
         if isinstance(layout, NoRowLayout):
@@ -263,13 +273,20 @@ def _codec_layer(tier: Tier, materialization_free: bool | None, calibration, lay
                          "full-attention layers only (allowed: a per-tensor tier, e.g. turbo-4, which codes "
                          "sliding-window layers too)")
     pca = [t for t in plain if t.joint is not None]
-    if isinstance(calibration, Calibration | Deferred) and len(pca) == 1:
-        calibrations = {pca[0].joint: calibration}  # one PCA tier: the calibration given is its own
+    given = calibration if isinstance(calibration, list | tuple) else [] if calibration is None else [calibration]
+    scales = next((c for c in given if isinstance(c, KVScales)), None)
+    if scales is None and any(needs_scales(t) for t in plain):
+        raise ValueError(f"tier '{tier.name}' takes FP8 scales calibrated per layer and head: make_cache(loaded, "
+                         f"'{tier.name}') with a LoadedModel, or calibration=codeckv.cache.kv_scales.kv_scales(loaded)")
+    given = [c for c in given if not isinstance(c, KVScales)]
+    if len(given) == 1 and isinstance(given[0], Calibration | Deferred) and len(pca) == 1:
+        calibrations = {pca[0].joint: given[0]}  # one PCA tier: the calibration given is its own
     else:
-        calibrations = _by_spec(calibration)
+        calibrations = _by_spec(given or None)
     served = layer_tiers(tier, layer_types)
     builders = {t: _plain_codec_layer(t, materialization_free, calibrations.get(t.joint), layer_types,
-                                      [i for i, at in enumerate(served) if at == t], raw_until, layer_kwargs)
+                                      [i for i, at in enumerate(served) if at == t], raw_until, layer_kwargs,
+                                      scales if needs_scales(t) else None)
                 for t in plain}
     return lambda index: builders[tier.tier_at(index)](index)
 
@@ -287,23 +304,29 @@ def _by_spec(calibration) -> dict:
 
 
 def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibration: Calibration | None,
-                       layer_types: list[str], layers: list[int], raw_until: int | None, layer_kwargs: list[dict]):
+                       layer_types: list[str], layers: list[int], raw_until: int | None, layer_kwargs: list[dict],
+                       scales: KVScales | None = None):
     """A function: layer index -> a new codec layer of the plain `tier`, after checking that it can be built.
 
-    layers: the model layers that get `tier` (a PCA tier shares its budget among them: budget_shares).
+    layers: the model layers that get `tier` (a PCA tier shares its budget among them: budget_shares); scales: the
+    model's FP8 scales, each layer's set in its codecs (cache/kv_scales.py), for a tier that takes them.
     """
     short_view = materialization_free is None  # the cache's own choice: a short context's decode steps on a view
     if materialization_free is None:
         materialization_free = view_reason(tier) is None
+    if tier.key is None and tier.joint is None:  # a press alone: raw tokens, read as they are
+        return lambda index: CodecLayer(tier, raw_until, layer_kwargs[index].get("sliding_window")
+                                        if layer_types[index] in WINDOWED else None)
     if tier.joint is None:
         def per_tensor_layer(index: int) -> CodecLayer:
             kind, kwargs = layer_types[index], layer_kwargs[index]
+            layer_tier = tier if scales is None else scales.tier_at(tier, index)
             window = kwargs.get("sliding_window") if kind in WINDOWED else None
             extra = {"number_of_states": kwargs.get("number_of_states", 1)} if kind in HYBRID else {}
             if materialization_free:
                 cls = HybridCodedLayer if kind in HYBRID else CodedLayer
-                return cls(tier, short_view, raw_until, window, **extra)
-            return (HybridCodecLayer if kind in HYBRID else CodecLayer)(tier, raw_until, window, **extra)
+                return cls(layer_tier, short_view, raw_until, window, **extra)
+            return (HybridCodecLayer if kind in HYBRID else CodecLayer)(layer_tier, raw_until, window, **extra)
 
         return per_tensor_layer
     if materialization_free:

@@ -15,7 +15,7 @@ import torch
 from codeckv.cache.archive import Archive
 from codeckv.cache.footprint import LayerFootprint
 from codeckv.cache.kernel_ops import Coded, Raw, Segment, attention_compiled, decode, decode_attention
-from codeckv.cache.layers import SHORT_VIEW_TOKENS, CodecLayer, RawTokens
+from codeckv.cache.layers import SHORT_VIEW_TOKENS, CodecLayer, RawTokens, gather_tokens
 from codeckv.codecs.base import Encoded, slice_encoded
 from codeckv.tiers import Tier
 
@@ -46,8 +46,11 @@ class CodedLayer(CodecLayer):
         return self.short_view and not self._codes_compiled(key_states)
 
     def _reset_state(self) -> None:
-        self.length = 0  # tokens seen: the position of the next one
+        self.length = 0  # tokens seen, less those a press evicted: where the next one is stored
         self.first = 0  # position of the first token held (a sliding window dropped the ones before it)
+        self.evicted = 0  # tokens a press evicted
+        self._pressable = 0  # the prefill chunk just taken, which its press evicts from after its attention
+        self._positions: torch.Tensor | None = None  # (B, H, held) position of each held token, once a press evicted
         self._hidden = 0  # held tokens at the front that the current forward's queries do not see (a window)
         self.archived_upto = self.tier.keep_first  # tokens [archive_start, archived_upto) are archived
         self.archive_k, self.archive_v = Archive(tight=True), Archive(tight=True)
@@ -122,7 +125,7 @@ class CodedLayer(CodecLayer):
         keys, values = self._shapes(key_states, value_states, self.held - self._hidden)
         setattr(keys, TAG, self)
         setattr(values, TAG, self)
-        return keys, values
+        return self._pressed_after(new, keys, values)
 
     def _codes_compiled(self, key_states: torch.Tensor) -> bool:
         """True on the CPU when the compiled kernel reads both sides' codes: no short view is worth its memory."""
@@ -154,6 +157,20 @@ class CodedLayer(CodecLayer):
             super()._held_changed()
         elif self.keys is not None:
             self.keys, self.values = self._shapes(self.keys, self.values, self.held)
+
+    def _chunk(self, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last `chunk` raw tail tokens (the sinks are apart): (B, H, t, D) keys and values."""
+        if self._tail is None:
+            return self._shapes(self.keys, self.values, 0)
+        start = max(self._tail[0].shape[2] - chunk, 0)
+        return self._tail[0][:, :, start:], self._tail[1][:, :, start:]
+
+    def _keep(self, tokens: int, keep: torch.Tensor) -> None:
+        """Keep, of the last `tokens` of the tail, those at `keep` (B, H, k); a short view is rebuilt when next read."""
+        k, v = self._tail
+        end = k.shape[2] - tokens
+        self._tail = tuple(torch.cat([t[:, :, :end], gather_tokens(t[:, :, end:], keep)], dim=2) for t in (k, v))
+        self._drop_view()
 
     def _drop_front(self, tokens: int, archived: int) -> None:
         """As CodecLayer's (the archive and any short view), and the raw tail's dropped tokens."""

@@ -33,11 +33,14 @@ class LayerFootprint:
     sink_tokens: int = 0  # raw: the keep_first sinks
     window_tokens: int = 0  # raw: the keep_recent window
     tail_tokens: int = 0  # raw: the incomplete archive unit (a native layer: every token)
+    reference_tokens: int = 0  # the tokens a native layer holds here, which bf16_bytes count (0: `tokens`)
+    evicted_tokens: int = 0  # tokens a press evicted: gone from `tokens`, counted in a native layer's
 
     @property
     def archived_bf16_bytes(self) -> int:
         """What a bf16 native cache takes for the archived tokens."""
-        return self.bf16_bytes * self.archived_tokens // self.tokens if self.tokens else 0
+        reference = self.reference_tokens or self.tokens
+        return self.bf16_bytes * self.archived_tokens // reference if reference else 0
 
 
 @dataclass

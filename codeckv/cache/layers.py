@@ -54,10 +54,19 @@ from codeckv.cache.flush import flush_layers
 from codeckv.cache.footprint import LayerFootprint
 from codeckv.cache.kernel_ops import decode
 from codeckv.codecs.base import Codec, Encoded
+from codeckv.presses import keep_indices
 from codeckv.tiers import Tier
 
 MIN_ARCHIVE_TOKENS = 8
 SHORT_VIEW_TOKENS = 2048  # a short context (module docstring): a layer that would read a view holds it raw up to here
+
+
+PRESS_TAG = "codeckv_press"  # attribute of the keys a pressing layer returns (codeckv.cache.attention reads it)
+
+
+def gather_tokens(tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """tokens (B, H, t, D) at positions keep (B, H, k) of each head: (B, H, k, D)."""
+    return tokens.gather(2, keep[..., None].expand(-1, -1, -1, tokens.shape[3]))
 
 
 def check_window(window: int | None) -> None:
@@ -119,17 +128,19 @@ class CodecLayer(DynamicLayer):
         the tier's own N (module docstring, "Raw until N"), settled at the first update. window: a sliding-window
         layer's window (module docstring); None for full attention."""
         super().__init__()
-        if tier.key is None or tier.value is None:
+        if (tier.key is None or tier.value is None) and tier.press is None:
             raise ValueError(f"tier '{tier.name}' does not encode both keys and values; native layers use "
                              "transformers' DynamicLayer")
         check_window(window)
         self.window = window
         self.is_sliding = window is not None  # transformers builds a sliding mask for the layers that say so
         self.tier = dataclasses.replace(tier, keep_first=0) if window and tier.keep_first else tier  # no sinks
+        self.coded = tier.key is not None  # False: a press alone, whose kept tokens stay raw (never archived)
         # Tokens archived at a time: whole codec blocks, and at least MIN_ARCHIVE_TOKENS so that per-token
         # codecs (int8) encode once per 8 steps instead of paying an encode/decode call on every step.
-        self.unit = math.lcm(tier.key.block_tokens, tier.value.block_tokens, MIN_ARCHIVE_TOKENS)
-        self.ask_raw_until(raw_until)
+        blocks = (tier.key.block_tokens, tier.value.block_tokens) if self.coded else ()
+        self.unit = math.lcm(*blocks, MIN_ARCHIVE_TOKENS)
+        self.ask_raw_until(raw_until if self.coded else None)
         self._reset_state()
 
     def ask_raw_until(self, raw_until: int | None) -> None:
@@ -142,7 +153,7 @@ class CodecLayer(DynamicLayer):
 
     def own_raw_until(self, key_states: torch.Tensor, value_states: torch.Tensor) -> int | None:
         """The tier's own N for states like these (module docstring, "Raw until N"); None: never archive."""
-        if not self._archive_smaller(key_states, value_states):
+        if not self.coded or not self._archive_smaller(key_states, value_states):
             return None
         first_unit = self.tier.keep_first + self.tier.keep_recent + self.unit
         return view_raw_until(self.tier, self.unit) if self._reads_view(key_states) else first_unit
@@ -173,8 +184,11 @@ class CodecLayer(DynamicLayer):
         return self.length - self.first
 
     def _reset_state(self) -> None:
-        self.length = 0  # tokens seen: the position of the next one
+        self.length = 0  # tokens seen, less those a press evicted: where the next one is stored
         self.first = 0  # position of the first token held (a sliding window dropped the ones before it)
+        self.evicted = 0  # tokens a press evicted (the positions of the next tokens are length + evicted)
+        self._pressable = 0  # the prefill chunk just taken, which its press evicts from after its attention
+        self._positions: torch.Tensor | None = None  # (B, H, held) position of each held token, once a press evicted
         self.archived_upto = self.tier.keep_first  # tokens [archive_start, archived_upto) are archived
         self.archive_k, self.archive_v = Archive(), Archive()
         self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
@@ -204,7 +218,58 @@ class CodecLayer(DynamicLayer):
         visible = self._visible_from()
         self.length += new
         self.keys, self.values = self._view_k[:, :, : self.held], self._view_v[:, :, : self.held]
-        return self.keys[:, :, visible:], self.values[:, :, visible:]
+        return self._pressed_after(new, self.keys[:, :, visible:], self.values[:, :, visible:])
+
+    def _pressed_after(self, new: int, keys: torch.Tensor, values: torch.Tensor):
+        """keys, values; tagged with this layer (PRESS_TAG) for codeckv's attention to call press() after attending,
+        when its tier's press evicts from a prefill chunk of `new` tokens (codeckv/presses/base.py)."""
+        if self._positions is not None:  # the new tokens' positions follow every token seen
+            b, h, _ = self._positions.shape
+            seen = self.length + self.evicted
+            fresh = torch.arange(seen - new, seen, device=self._positions.device).expand(b, h, new)
+            self._positions = torch.cat([self._positions, fresh], dim=2)
+        self._pressable = new if self.tier.press is not None and new > 1 and self.window is None else 0
+        if self._pressable:
+            setattr(keys, PRESS_TAG, self)
+        return keys, values
+
+    @torch.inference_mode()
+    def press(self, queries: torch.Tensor) -> None:
+        """Evict the tier's press's share of the prefill chunk just attended to (queries (B, Hq, T, D), the chunk's):
+        its raw tokens after the sinks, the same count in every KV head (codeckv/presses/base.py)."""
+        chunk, self._pressable = self._pressable, 0
+        keys, values = self._chunk(chunk)
+        tokens = keys.shape[2]
+        if tokens < 2:
+            return
+        keep = keep_indices(self.tier.press, keys, values, queries[:, :, -tokens:])  # (B, H, k)
+        positions = self.positions()
+        start = positions.shape[2] - tokens
+        self._positions = torch.cat([positions[:, :, :start], positions[:, :, start:].gather(2, keep)], dim=2)
+        self._keep(tokens, keep)
+        self.length -= tokens - keep.shape[2]
+        self.evicted += tokens - keep.shape[2]
+        self._held_changed()
+
+    def positions(self) -> torch.Tensor:
+        """(B, H, held) the position of every held token of each head, in order (a press's kept ones)."""
+        if self._positions is not None:
+            return self._positions
+        b, h = self.keys.shape[:2]
+        return torch.arange(self.first, self.first + self.held, device=self.device).expand(b, h, self.held)
+
+    def _chunk(self, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last `chunk` tokens held, less any sinks among them: (B, H, t, D) keys and values (views)."""
+        start = max(self.held - chunk, min(self.length, self.tier.keep_first) - self.first)
+        return self._view_k[:, :, start : self.held], self._view_v[:, :, start : self.held]
+
+    def _keep(self, tokens: int, keep: torch.Tensor) -> None:
+        """Keep, of the last `tokens` held, those at `keep` (B, H, k): the view becomes exactly what is held."""
+        held = self.held
+        kept = [gather_tokens(view[:, :, held - tokens : held], keep) for view in (self._view_k, self._view_v)]
+        start = held - tokens
+        self._view_k = torch.cat([self._view_k[:, :, :start], kept[0]], dim=2)  # exact: its evicted bytes freed
+        self._view_v = torch.cat([self._view_v[:, :, :start], kept[1]], dim=2)
 
     def _visible_from(self) -> int:
         """Index of the first held token the next query sees: the tokens a DynamicSlidingWindowLayer would hand
@@ -326,12 +391,14 @@ class CodecLayer(DynamicLayer):
         self._view_k, self._view_v = grown_k, grown_v
 
     def get_seq_length(self) -> int:
-        return self.length
+        """Tokens seen: the position of the next one (a press's evicted tokens count)."""
+        return self.length + self.evicted
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """(kv length, kv offset) of the next forward's mask: a DynamicSlidingWindowLayer's for a window."""
+        """(kv length, kv offset) of the next forward's mask: a DynamicSlidingWindowLayer's for a window; past a
+        press's eviction, the held tokens come before the queries' positions (causal for the new ones)."""
         if self.window is None:
-            return self.length + query_length, 0
+            return self.held + query_length, self.evicted
         offset = max(self.length - self.window + 1, 0)
         return self.length - offset + query_length, offset
 
@@ -517,7 +584,8 @@ class CodecLayer(DynamicLayer):
         window = min(self.tier.keep_recent, after_archive)
         raw_bytes = (self.held - archived) * values_per_token * element_size
         resident = allocated + view_bytes
-        native = self.length if self.window is None else min(self.length, self.window - 1)  # what native holds
+        seen = self.length + self.evicted
+        native = seen if self.window is None else min(seen, self.window - 1)  # what native holds
         return LayerFootprint(
             layer, self._kind, True, self.held,
             archive_bytes=codes + raw_bytes,
@@ -525,6 +593,8 @@ class CodecLayer(DynamicLayer):
             bf16_bytes=native * values_per_token * 2,
             archived_tokens=archived,
             code_bytes=codes,
+            reference_tokens=native,
+            evicted_tokens=self.evicted,
             sink_tokens=sinks,
             window_tokens=window,
             tail_tokens=after_archive - window,

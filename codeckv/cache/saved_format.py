@@ -64,7 +64,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionC
 
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
-from codeckv.codecs import DCT, Cast, Delta, GroupQuant, LloydMaxQuant, Rotation
+from codeckv.codecs import DCT, FP4, FP8, Cast, Delta, GroupQuant, LloydMaxQuant, Rotation
 from codeckv.codecs.pca import JointPCA
 from codeckv.loaded import LoadedModel
 from codeckv.tiers import Tier
@@ -74,10 +74,11 @@ VERSION = 3  # 2: per-layer schedules, PCA chunks' rate-control rungs ("rungs");
 READABLE_VERSIONS = (1, 2, 3)
 MAX_FILE_BYTES = 512 << 20  # load_cache's default cap: an 8k-token lossless (png) cache of smollm2-135m fits
 MAX_HEADER_BYTES = 8 << 20  # the safetensors JSON header (the Chat's conversation text included)
-CODECS = {cls.__name__: cls for cls in (Cast, DCT, Delta, GroupQuant, LloydMaxQuant, Rotation)}
+CODECS = {cls.__name__: cls for cls in (Cast, DCT, Delta, FP4, FP8, GroupQuant, LloydMaxQuant, Rotation)}
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool}
+          "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+          "F8_E8M0": torch.float8_e8m0fnu}  # the 8-bit floats of the FP8 / FP4 codecs (codecs/fp8.py, fp4.py)
 
 
 class SavedCacheError(ValueError):

@@ -23,6 +23,7 @@ import torch
 from codeckv.cache.calibration import calibration_for
 from codeckv.cache.codec_cache import CodecCache
 from codeckv.cache.coded_layer import CodedLayer
+from codeckv.cache.kv_scales import needs_scales
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
 from codeckv.cache.saved_format import (
@@ -127,7 +128,7 @@ def load_cache(path: str | Path, source, max_bytes: int = MAX_FILE_BYTES, materi
         mode = bool(materialization_free)
     elif mode is not None:
         mode = bool(mode)
-    if any(t.joint is not None for t in tiers_used(tier)) and calibration is None:
+    if (any(t.joint is not None for t in tiers_used(tier)) or needs_scales(tier)) and calibration is None:
         if not isinstance(source, LoadedModel):
             raise SavedCacheError(f"tier '{tier.name}' needs the model's calibration: pass a LoadedModel or "
                                   "calibration=")

@@ -5,6 +5,8 @@ from codeckv.codecs.bitpack import ALLOWED_BITS, pack_bits, unpack_bits
 from codeckv.codecs.cast import Cast
 from codeckv.codecs.dct import DCT, dct_basis
 from codeckv.codecs.delta import Delta
+from codeckv.codecs.fp4 import FP4
+from codeckv.codecs.fp8 import FP8
 from codeckv.codecs.lloyd_max import LloydMaxQuant, codebook
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rotation import Rotation
@@ -16,6 +18,8 @@ __all__ = [
     "Codec",
     "Delta",
     "Encoded",
+    "FP4",
+    "FP8",
     "GroupQuant",
     "LloydMaxQuant",
     "Rotation",

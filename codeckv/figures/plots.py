@@ -20,6 +20,7 @@ from plotly.subplots import make_subplots
 from codeckv.measure.inspection import ChannelSpectrum, HeadView, LayerError, Spectrum
 from codeckv.measure.llamacpp import LLAMACPP_PEERS
 from codeckv.measure.peers import PEERS
+from codeckv.tiers import get_tier
 
 FONT = "Inter, Helvetica Neue, Arial, sans-serif"
 NATIVE_COLOR = "#6b7280"  # grey: the native reference everywhere
@@ -28,6 +29,8 @@ VALUE_COLOR = "#ea580c"  # orange: values
 ACCENT_COLOR = "#059669"  # green: a third series (attention output)
 PEER_COLOR = "#be185d"  # magenta, open diamonds: the peers (transformers' QuantizedCache, codeckv/measure/peers.py)
 LLAMACPP_COLOR = "#c2410c"  # orange, open squares: llama.cpp's KV types (codeckv/measure/llamacpp.py)
+FORMAT_COLOR = "#0891b2"  # teal, stars: the engines' formats (FP8, FP4)
+PRESS_COLOR = "#15803d"  # green, down triangles: presses; filled hexagons: a press over a codec
 CODEC_COLORS = ["#2563eb", "#ea580c", "#059669", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777", "#4d7c0f"]
 
 TEMPLATE = go.layout.Template(
@@ -132,8 +135,9 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
 
     Error bars show `<metric>_se` (standard error over windows) when the rows carry it. Points above
     `y_cap` (default: 1.3 x the largest value below the metric's "broken" level) sit on the top edge as
-    triangles with their true value in the label, so a broken tier does not flatten the rest. Peers
-    (codeckv/measure/peers.py) are open magenta diamonds in a trace of their own, named in the legend.
+    triangles with their true value in the label, so a broken tier does not flatten the rest. Each family (codecs,
+    the engines' formats, presses, presses over codecs, transformers' and llama.cpp's peers: family_of) is a trace of
+    its own with its marker and colour, named in the legend.
     """
     if metric not in PARETO_METRICS:
         raise ValueError(f"metric={metric!r} (allowed: {', '.join(PARETO_METRICS)})")
@@ -151,11 +155,9 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
         x=[xs[i] for i in front], y=[shown[i] for i in front], mode="lines", name="Pareto front",
         line=dict(color=NATIVE_COLOR, dash="dot", width=2), hoverinfo="skip",
     ))
-    peers = [i for i, r in enumerate(rows) if r["tier"] in PEERS]
-    llama = [i for i, r in enumerate(rows) if r["tier"] in LLAMACPP_PEERS]
-    groups = [("tiers", [i for i in range(len(rows)) if i not in peers + llama])]
-    groups += [("peers: transformers QuantizedCache", peers)] if peers else []
-    groups += [("peers: llama.cpp KV types (vs its f16)", llama)] if llama else []
+    families = [family_of(r["tier"]) for r in rows]
+    groups = [(family, [i for i, f in enumerate(families) if f == family]) for family in FAMILIES]
+    groups = [(family, members) for family, members in groups if members]
     for name, members in groups:
         fig.add_trace(go.Scatter(
             x=[xs[i] for i in members], y=[shown[i] for i in members], mode="markers", name=name,
@@ -164,7 +166,7 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
                                              for i in members],
                          visible=any(errors[i] is not None for i in members), color="#6b7280", thickness=1.5,
                          width=6),
-            marker=_pareto_marker(members, peers, llama, front, ys, y_cap),
+            marker=_pareto_marker(name, members, front, ys, y_cap),
             customdata=[[rows[i]["archive_bytes"], ys[i]] for i in members],
             hovertemplate="%{text}<br>%{x:.3f}× bf16 (%{customdata[0]:,} B)<br>" + hover + "<extra></extra>",
         ))
@@ -181,19 +183,46 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
     fig.add_vline(x=1, line=dict(color=NATIVE_COLOR, width=1, dash="dash"), annotation_text="bf16 native")
     fig.update_yaxes(range=list(y_range))
     fig.update_xaxes(range=list(x_range))
-    fig.update_layout(showlegend=bool(peers or llama), legend=dict(orientation="h", x=1, xanchor="right", y=1.02,
-                                                          yanchor="bottom"))
+    fig.update_layout(showlegend=len(groups) > 1, legend=dict(orientation="h", x=1, xanchor="right", y=1.02,
+                                                             yanchor="bottom"))
     return themed(fig, title, "KV archive bytes / bf16 cache bytes (×)", axis_title)
 
 
-def _pareto_marker(members: list[int], peers: list[int], llama: list[int], front: list[int], ys: list[float],
-                   y_cap: float) -> dict:
-    """Tiers: filled circles, blue on the Pareto front; transformers' peers: open magenta diamonds; llama.cpp's:
-    open orange squares; off the chart: triangles."""
-    for group, color, symbol in ((peers, PEER_COLOR, "diamond-open"), (llama, LLAMACPP_COLOR, "square-open")):
-        if members and members[0] in group:
-            return dict(size=15, color=color, line=dict(color=color, width=2.5),
-                        symbol=["triangle-up-open" if ys[i] > y_cap else symbol for i in members])
+CODEC_FAMILY, FORMAT_FAMILY, PRESS_FAMILY, PRESS_CODEC_FAMILY = (
+    "codecs", "formats: FP8, FP4", "presses (token eviction)", "press + codec")
+PEER_FAMILY, LLAMACPP_FAMILY = "peers: transformers QuantizedCache", "peers: llama.cpp KV types (vs its f16)"
+FAMILIES = (CODEC_FAMILY, FORMAT_FAMILY, PRESS_FAMILY, PRESS_CODEC_FAMILY, PEER_FAMILY, LLAMACPP_FAMILY)
+FAMILY_MARKERS = {  # family -> (symbol, colour, open): told apart by marker and colour
+    FORMAT_FAMILY: ("star", FORMAT_COLOR, False), PRESS_FAMILY: ("triangle-down", PRESS_COLOR, False),
+    PRESS_CODEC_FAMILY: ("hexagon", PRESS_COLOR, False), PEER_FAMILY: ("diamond-open", PEER_COLOR, True),
+    LLAMACPP_FAMILY: ("square-open", LLAMACPP_COLOR, True),
+}
+
+
+def family_of(name: str) -> str:
+    """Which family a row of the sweep is: a peer, a press (alone or over a codec), an engine format, a codec."""
+    if name in PEERS:
+        return PEER_FAMILY
+    if name in LLAMACPP_PEERS:
+        return LLAMACPP_FAMILY
+    try:
+        tier = get_tier(name)
+    except ValueError:  # the Advanced panel's custom tier
+        return CODEC_FAMILY
+    if tier.press is not None:
+        return PRESS_FAMILY if tier.key is None else PRESS_CODEC_FAMILY
+    formats = {"FP8", "FP4"}
+    return FORMAT_FAMILY if {type(tier.key).__name__, type(tier.value).__name__} & formats else CODEC_FAMILY
+
+
+def _pareto_marker(family: str, members: list[int], front: list[int], ys: list[float], y_cap: float) -> dict:
+    """Codecs: filled circles, blue on the Pareto front; the other families their marker and colour (FAMILY_MARKERS);
+    off the chart: triangles up."""
+    if family in FAMILY_MARKERS:
+        symbol, color, hollow = FAMILY_MARKERS[family]
+        above = "triangle-up-open" if hollow else "triangle-up"
+        return dict(size=15, color=color, line=dict(color=color, width=2.5 if hollow else 1),
+                    symbol=[above if ys[i] > y_cap else symbol for i in members])
     return dict(size=14, symbol=["triangle-up" if ys[i] > y_cap else "circle" for i in members],
                 color=[KEY_COLOR if i in front else NATIVE_COLOR for i in members])
 

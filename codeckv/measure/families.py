@@ -27,6 +27,7 @@ from codeckv.cache import make_cache
 from codeckv.cache.attention import use_codec_attention
 from codeckv.cache.calibration import Calibration
 from codeckv.cache.calibration_fit import fit_basis, fit_coders
+from codeckv.cache.kv_scales import KVScales, kv_absmax, needs_scales
 from codeckv.tiers import Tier
 
 TINY = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -93,21 +94,23 @@ def tiny_model(family: str, attn_implementation: str | None = None):
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-def calibrate_specs(model, tiers: list[Tier], windows: int = 2, length: int = 48) -> list[Calibration]:
+def calibrate_specs(model, tiers: list[Tier], windows: int = 2, length: int = 48) -> list[Calibration | KVScales]:
     """Every PCA tier's Calibration on `model` from `windows` windows of random tokens, one basis for all (none for a
-    model without a full-attention layer: the PCA tiers code none of its layers, which make_cache says)."""
+    model without a full-attention layer: the PCA tiers code none of its layers, which make_cache says), and the
+    model's FP8 scales where a tier takes them."""
     specs = list(dict.fromkeys(t.joint for t in tiers if t.joint is not None))
     kinds, _ = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
-    if not specs or "full_attention" not in kinds:
-        return []
     vocab = model.config.get_text_config(decoder=True).vocab_size
     ids = torch.randint(3, vocab, (windows, length), generator=torch.Generator().manual_seed(1))
+    scales = [KVScales("tiny", kv_absmax(model, ids))] if any(needs_scales(t) for t in tiers) else []
+    if not specs or "full_attention" not in kinds:
+        return scales
     with torch.inference_mode(False):
         basis, rows = fit_basis(model, ids)
         ys = basis.project(rows)
         fits = [fit_coders(basis, ys, spec) for spec in specs]
-    return [Calibration("tiny", spec, fit.coders, fit.step, fit.bits_per_element, 0.0)
-            for spec, fit in zip(specs, fits)]
+    return scales + [Calibration("tiny", spec, fit.coders, fit.step, fit.bits_per_element, 0.0)
+                     for spec, fit in zip(specs, fits)]
 
 
 def _greedy(model, ids: torch.Tensor, cache) -> torch.Tensor:
@@ -141,8 +144,7 @@ def _check(family: str, model, tiers: list[Tier], calibrations: list[Calibration
         for mode, free in (("view", False), ("codes", True)):
             start = time.perf_counter()
             try:
-                cache = make_cache(model.config, tier, materialization_free=free,
-                                   calibration=calibrations if tier.joint is not None else None)
+                cache = make_cache(model.config, tier, materialization_free=free, calibration=calibrations)
             except ValueError as err:
                 results.append(FamilyResult(family, tier.name, mode, "refused", str(err), time.perf_counter() - start))
                 continue

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import DynamicCache
 
+from codeckv.cache import make_cache
 from codeckv.cache.calibration import Calibration, budget_shares, calibration_for
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
@@ -67,6 +68,8 @@ class HeadView:
     value: torch.Tensor
     value_recon: torch.Tensor
     value_error: torch.Tensor
+    kept: torch.Tensor | None = None  # (S,) bool: the tokens this head's press kept (None: no press); the others are
+    # blank (nan) in the reconstruction and the error
 
 
 @dataclass
@@ -123,6 +126,7 @@ class LayerError:
     attention_rel_error: float  # relative error of the stand-in query's attention output, mean over heads
     key_var_ratio: float  # Var(ΔK)/Var(K) along the sequence: ~0 smooth, 2 white noise
     value_var_ratio: float
+    kept_pct: float = 100.0  # % of the tokens a press kept (over heads); the errors are over the kept ones
 
 
 @dataclass
@@ -144,6 +148,7 @@ class Inspection:
             "head": self.head.head,
             "tokens": len(self.tokens),
             "archived": list(self.head.archived),
+            "kept_tokens": None if self.head.kept is None else int(self.head.kept.sum()),
             "block_size": self.spectrum.block_size,
             "k": self.spectrum.k,
             "key_energy": self.spectrum.key_energy.tolist(),
@@ -260,10 +265,12 @@ def channel_spectrum(capture: KVCapture, calibration: Calibration | None = None)
     )
 
 
-def layer_errors(capture: KVCapture, tier: Tier, calibration: Calibration | list[Calibration] | None = None
-                 ) -> list[LayerError]:
-    """The tier and bytes of every layer, its relative error, PSNR, cosine, attention-output error, Var(Δ)/Var(X)."""
+def layer_errors(capture: KVCapture, tier: Tier, calibration: Calibration | list[Calibration] | None = None,
+                 kept: dict[int, torch.Tensor] | None = None) -> list[LayerError]:
+    """The tier and bytes of every layer, its relative error, PSNR, cosine, attention-output error, Var(Δ)/Var(X);
+    where a press evicted (`kept`: layer -> (H, S) kept tokens), over the tokens it kept, and its share kept."""
     out = []
+    kept = kept or {}
     for index, (keys, values, kind) in enumerate(zip(capture.keys, capture.values, capture.layer_types)):
         layer_tier = tier.tier_at(index) if codes_layer(kind, tier.tier_at(index)) else None
         codec = layer_tier is not None and not layer_tier.is_native
@@ -275,6 +282,9 @@ def layer_errors(capture: KVCapture, tier: Tier, calibration: Calibration | list
         else:
             keys_hat, values_hat = keys, values
         k, v, k_hat, v_hat = (t.float().cpu() for t in (keys, values, keys_hat, values_hat))
+        mask = kept.get(index)
+        if mask is not None:  # the kept tokens of each head, side by side: (1, kept tokens of every head, D)
+            k, v, k_hat, v_hat = (t[mask][None] for t in (k, v, k_hat, v_hat))
         out.append(
             LayerError(
                 layer=index,
@@ -291,16 +301,19 @@ def layer_errors(capture: KVCapture, tier: Tier, calibration: Calibration | list
                 attention_rel_error=attention_error(k, v, k_hat, v_hat),
                 key_var_ratio=var_delta_ratio(k),
                 value_var_ratio=var_delta_ratio(v),
+                kept_pct=100.0 if mask is None else 100.0 * float(mask.float().mean()),
             )
         )
     return out
 
 
 def inspect_capture(capture: KVCapture, tier: Tier, layer: int = 0, head: int = 0,
-                    calibration: Calibration | list[Calibration] | None = None) -> Inspection:
+                    calibration: Calibration | list[Calibration] | None = None,
+                    kept: dict[int, torch.Tensor] | None = None) -> Inspection:
     """Heatmaps of (layer, head), spectra and per-layer errors of `tier` on a capture (calibration: PCA tiers).
 
     tier: a plain tier or a per-layer schedule (codeckv/cache/schedule.py), checked against the capture's layers.
+    kept: for a tier with a press, layer -> (H, S) the tokens it kept (kept_tokens): the others are blank.
     """
     check_layers(tier, capture.layer_types)
     layers, heads = len(capture.keys), capture.keys[0].shape[0]
@@ -312,15 +325,37 @@ def inspect_capture(capture: KVCapture, tier: Tier, layer: int = 0, head: int = 
     else:
         keys_hat, values_hat, span = keys, values, (0, 0)
     k, k_hat, v, v_hat = (t[head].float().cpu() for t in (keys, keys_hat, values, values_hat))  # (S, D)
-    view = HeadView(layer, head, span, k, k_hat, (k_hat - k).abs(), v, v_hat, (v_hat - v).abs())
+    head_kept = None if kept is None or layer not in kept else kept[layer][head]
+    if head_kept is not None:  # an evicted token has no reconstruction
+        k_hat, v_hat = (t.masked_fill(~head_kept[:, None], math.nan) for t in (k_hat, v_hat))
+    view = HeadView(layer, head, span, k, k_hat, (k_hat - k).abs(), v, v_hat, (v_hat - v).abs(), head_kept)
     shown = calibration[0] if isinstance(calibration, list) and calibration else calibration  # its bits per component
     return Inspection(tier.name, capture.tokens, view, spectrum(capture, tier.tier_at(layer)),
-                      channel_spectrum(capture, shown or None), layer_errors(capture, tier, calibration))
+                      channel_spectrum(capture, shown or None), layer_errors(capture, tier, calibration, kept))
 
 
 def inspect_tier(loaded: LoadedModel, prompt: Prompt, tier: Tier, layer: int = 0, head: int = 0) -> Inspection:
-    """capture_kv then inspect_capture (with the model's calibrations for the PCA tiers it uses)."""
-    return inspect_capture(capture_kv(loaded, prompt), tier, layer, head, calibration_for(loaded, tier))
+    """capture_kv then inspect_capture (with the model's calibrations for the PCA tiers it uses, and the tokens a
+    press keeps)."""
+    capture = capture_kv(loaded, prompt)
+    calibration = calibration_for(loaded, tier)
+    kept = kept_tokens(loaded, capture, tier, calibration) if tier.evicts else None
+    return inspect_capture(capture, tier, layer, head, calibration, kept)
+
+
+@torch.inference_mode()
+def kept_tokens(loaded: LoadedModel, capture: KVCapture, tier: Tier, calibration=None) -> dict[int, torch.Tensor]:
+    """Per layer a press evicted from, (H, S) True where each KV head kept the token: the capture's tokens
+    prefilled through `tier`'s own cache in one forward (its press scores them in attention)."""
+    cache = make_cache(loaded, tier, calibration=calibration)
+    loaded.model(torch.tensor([capture.token_ids], device=loaded.model.device), cache=cache)
+    kept = {}
+    for index, layer in enumerate(cache.layers):
+        if isinstance(layer, CodecLayer) and layer.evicted:
+            positions = layer.positions()[0].cpu()  # (H, held)
+            mask = torch.zeros(positions.shape[0], len(capture.token_ids), dtype=torch.bool)
+            kept[index] = mask.scatter_(1, positions, True)
+    return kept
 
 
 def relative_error(x: torch.Tensor, x_hat: torch.Tensor) -> float:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache
 
-from codeckv.cache import CodecCache, footprint
+from codeckv.cache import CodecCache, footprint, make_cache
 from codeckv.corpus import corpus_windows
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import next_logits
@@ -73,6 +73,14 @@ def latency_table(
     return rows
 
 
+def _pressed(loaded: LoadedModel, tier: Tier, ids: torch.Tensor) -> CodecCache:
+    """A press tier's cache after prefilling `ids` itself, PREFILL_CHUNK tokens per forward (each chunk pressed)."""
+    cache = make_cache(loaded, tier)
+    for lo in range(0, ids.shape[1], PREFILL_CHUNK):
+        next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], cache)
+    return cache
+
+
 def codes_latency_table(
     loaded: LoadedModel,
     contexts: list[int],
@@ -102,7 +110,8 @@ def codes_latency_table(
             logits = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], native)
         prefill_s = time.perf_counter() - start
         runs = [_Decoder("native", native, logits)]
-        runs += [_Decoder(t.name, CodecCache.from_cache(native, t), logits) for t in tiers]
+        runs += [_Decoder(t.name, _pressed(loaded, t, ids) if t.evicts else CodecCache.from_cache(native, t), logits)
+                 for t in tiers]
         for step in range(max_new_tokens):
             for run in runs if step % 2 == 0 else reversed(runs):
                 run.step(loaded.model, timed=step >= WARMUP_STEPS)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import DynamicCache
 
-from codeckv.cache import footprint
+from codeckv.cache import footprint, make_cache
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import chat_input_ids, next_logits, stop_token_ids
 from codeckv.measure.llamacpp import (
@@ -152,6 +152,13 @@ def needle_grid(
                         rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, False, "", math.nan,
                                               str(err).splitlines()[0]))
                         continue
+                elif tier.evicts:  # a press scores each prefill chunk in its attention: the cache prefills itself
+                    cache, own = make_cache(loaded, tier), None
+                    with torch.inference_mode():
+                        for lo in range(0, ids.shape[1], PREFILL_CHUNK):
+                            own = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], cache)[0]
+                    ratio = footprint(cache).ratio
+                    answer = _answer(loaded, cache, own, stop_ids)
                 else:
                     cache = native if tier.is_native else filled_from(native, Run(loaded, tier.name, tier))
                     ratio = footprint(cache).ratio

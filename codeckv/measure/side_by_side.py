@@ -219,7 +219,8 @@ def stream_turn(
         raise ValueError("every cache must hold the same tokens, and fewer than the prompt")
     held, prompt = reference.held, ids.shape[1]
     # On empty caches a cache on its codes prefills itself; one with a view is filled from the native prefill.
-    prefilling = runs if held else [reference] + [r for r in others if r.tier.is_native or r.on_codes]
+    prefilling = runs if held else [reference] + [r for r in others
+                                                  if r.tier.is_native or r.on_codes or r.tier.evicts]
     chunks = math.ceil((prompt - held) / PREFILL_CHUNK)
     total = chunks * len(prefilling) + len(runs) * max_new_tokens + len(others) * max_new_tokens
     done = 0
@@ -230,7 +231,10 @@ def stream_turn(
     for run in runs:
         run.start_turn(prompt - held, max_new_tokens)
     for run in prefilling:
-        if run.on_codes and not held:
+        if run.tier.evicts and not held:
+            run.prefill_path = (f"in chunks of {PREFILL_CHUNK} tokens through the codec cache, its press evicting "
+                                "from each chunk after the chunk's attention")
+        elif run.on_codes and not held:
             run.prefill_path = f"in chunks of {PREFILL_CHUNK} tokens through the codec cache, on the codes"
         seconds = 0.0
         for lo in range(held, prompt, PREFILL_CHUNK):

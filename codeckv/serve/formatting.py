@@ -196,8 +196,13 @@ def inspect_summary(view, tier: str, layer: int, head: int) -> str:
     """One line under the Inspect charts: which tokens went through the codec, and the layer's errors."""
     start, end = view.head.archived
     errors = view.layers[layer]
+    kept = view.head.kept
+    pressed = "" if kept is None else (
+        f"Its press kept {int(kept.sum()):,} of the {len(view.tokens):,} tokens in this head ({errors.kept_pct:.0f}% "
+        f"over the layer's heads); the evicted ones are blank in the reconstruction, the errors are over the kept. ")
+    coded = ("" if end <= start else
+             f"tokens {start}–{end} of {len(view.tokens)} went through the codec (the rest stays raw). ")
     return (
-        f"**{tier}** on layer {layer}, head {head}: tokens {start}–{end} of {len(view.tokens)} went through "
-        f"the codec (the rest stays raw). Layer {layer}: K PSNR {errors.key_psnr_db:.1f} dB, "
+        f"**{tier}** on layer {layer}, head {head}: {coded}{pressed}Layer {layer}: K PSNR {errors.key_psnr_db:.1f} dB, "
         f"V PSNR {errors.value_psnr_db:.1f} dB, attention-output error {errors.attention_rel_error:.2%}."
     )

@@ -11,6 +11,7 @@ from codeckv.cache import CODES, SHORT_VIEW, CodecCache, held_bytes, make_cache
 from codeckv.cache.attention import use_codec_attention
 from codeckv.cache.coded_layer import SHORT_VIEW_TOKENS, TAG, CodedLayer
 from codeckv.cache.kernel_ops import attention_compiled
+from codeckv.cache.kv_scales import needs_scales
 from codeckv.cache.layers import CodecLayer
 from codeckv.tiers import TIERS
 from kernels.codes_cpu import codes_status
@@ -219,8 +220,8 @@ def test_a_bf16_model_runs_every_tier(tiny_gemma3, materialization_free):
     ids = torch.randint(0, 128, (1, 70), generator=torch.Generator().manual_seed(0))
     native = _greedy(model, ids, DynamicCache(config=config), 12)
     for name, tier in TIERS.items():
-        if tier.is_native or tier.joint is not None:  # PCA tiers: calibrated per model, tests/cache/test_pca.py
-            continue
+        if tier.is_native or tier.joint is not None or needs_scales(tier):  # calibrated per model: test_pca.py,
+            continue  # test_kv_scales.py
         cache = make_cache(config, name, materialization_free=materialization_free, raw_until=0)
         tokens = _greedy(model, ids, cache, 12)
         fp = cache.footprint()

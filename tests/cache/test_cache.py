@@ -9,13 +9,15 @@ from transformers.cache_utils import DynamicLayer
 from codeckv.cache import CodecCache, footprint, held_bytes, make_cache
 from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.flush import flush_layers
+from codeckv.cache.kv_scales import needs_scales
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.schedule import schedule
 from codeckv.tiers import TIERS
 
 PROMPT = "The history of the printing press begins in"
 # Tiers whose codecs code keys and values on their own; the PCA tiers need a calibrated model (tests/cache/test_pca.py).
-PER_TENSOR_TIERS = [name for name, t in TIERS.items() if not t.is_native and t.joint is None]
+PER_TENSOR_TIERS = [name for name, t in TIERS.items() if not t.is_native and t.joint is None
+                    and not needs_scales(t)]  # calibrated FP8 scales: tests/cache/test_kv_scales.py
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import torch
 from codeckv.cache import CodecCache, calibration, make_cache
 from codeckv.cache.attention import use_codec_attention
 from codeckv.cache.coded_layer import CodedLayer
+from codeckv.cache.kv_scales import KVScales, kv_absmax, needs_scales
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.saved_format import MAX_FILE_BYTES, SavedCacheError, tier_from_spec, tier_spec
 from codeckv.cache.saved_load import load_cache
@@ -23,6 +24,7 @@ from codeckv.tiers import TIERS, custom_tier
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
 PER_TENSOR = [name for name in CODEC_TIERS if TIERS[name].joint is None]
 PROMPT = 45  # tokens: several archive units of every tier, a raw tail, past the sliding window (16)
+SCALES = "fp8 scales"  # the key of the tiny model's KVScales among its calibrations
 CASES = [(name, False) for name in CODEC_TIERS] + [(name, True) for name in PER_TENSOR]
 DEFAULT_PATH = [("turbo-4", None), ("jpeg-k8-int8", None)]  # make_cache's default: a short context's view
 
@@ -34,14 +36,20 @@ def tiny(tiny_gemma3_builder):
     use_codec_attention(model)
     ids = torch.randint(0, 128, (4, 64), generator=torch.Generator().manual_seed(1))
     calibrations = {t.joint: calibration.calibrate(model, ids, t.joint, "tiny") for t in TIERS.values() if t.joint}
+    calibrations[SCALES] = KVScales("tiny", kv_absmax(model, ids))  # fp8-e4m3-cal's
     prompt = torch.randint(0, 128, (1, PROMPT), generator=torch.Generator().manual_seed(2))
     return model, calibrations, prompt
+
+
+def _calibration(calibrations: dict, tier):
+    """What `tier` takes from the tiny model: its PCA calibration, its FP8 scales, or nothing."""
+    return calibrations[SCALES] if needs_scales(tier) else calibrations.get(tier.joint)
 
 
 def _cache(tiny, tier, materialization_free=False, **overrides):
     model, calibrations, _ = tiny
     tier = TIERS[tier] if isinstance(tier, str) else tier
-    return make_cache(model.config, tier, materialization_free, calibrations.get(tier.joint), **overrides)
+    return make_cache(model.config, tier, materialization_free, _calibration(calibrations, tier), **overrides)
 
 
 @torch.inference_mode()
@@ -95,7 +103,7 @@ def test_resume_from_a_file_gives_the_same_greedy_tokens(tiny, tier, materializa
     size = cache.save(tmp_path / "c.kvc", held, model)
     fp = cache.footprint()
     assert size < fp.archive_bytes + fp.native_layer_bytes + 64 * 1024, "the file is the archive plus a small header"
-    saved = load_cache(tmp_path / "c.kvc", model, calibration=calibrations.get(TIERS[tier].joint))
+    saved = load_cache(tmp_path / "c.kvc", model, calibration=_calibration(calibrations, TIERS[tier]))
     assert isinstance(saved.cache, CodecCache) and torch.equal(saved.token_ids[0], held)
     assert saved.cache.footprint().archive_bytes == fp.archive_bytes
     feed = torch.tensor([[tokens[-1]]])

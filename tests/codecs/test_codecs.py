@@ -23,14 +23,17 @@ from codeckv.codecs import (
     unpack_bits,
 )
 from codeckv.codecs.fit import for_head_dim
+from codeckv.codecs.fp4 import FP4
+from codeckv.codecs.fp8 import CALIBRATED, FP8
 from codeckv.tiers import TIERS
 
-# Every codec of every tier, plus configurations no tier uses (odd groups, per-channel, nesting).
+# Every codec of every tier (a model's calibrated FP8 scales: tests/codecs/test_formats.py), plus configurations no
+# tier uses (odd groups, per-channel, nesting).
 TIER_CODECS = {
     f"{name}.{side}": codec
     for name, tier in TIERS.items()
     for side, codec in (("key", tier.key), ("value", tier.value))
-    if codec is not None
+    if codec is not None and getattr(codec, "scale", None) != CALIBRATED
 }
 EXTRA_CODECS = {
     "gq2-g16": GroupQuant(bits=2, group=16),
@@ -45,6 +48,8 @@ EXTRA_CODECS = {
     "dct-k2-rot-lm": DCT(block_size=4, k=2, coeffs=Rotation(inner=LloydMaxQuant(bits=4))),
     "delta-r1": Delta(block_size=1),
     "delta-r3": Delta(block_size=3),
+    "fp8-e5m2-scale": FP8("e5m2", scale=0.25),
+    "fp4-b16-e8m0": FP4(block=16, scale_format="e8m0"),
 }
 CODECS = {**TIER_CODECS, **EXTRA_CODECS}
 DTYPES = [

@@ -27,7 +27,9 @@ R6_GQ4 = DCT(block_size=6, k=3, coeffs=GroupQuant(bits=4, group=16))
 DCT_ROTATED = custom_tier(k=4, bits=4, rotation=True, lloyd_max=True)  # DCT over Rotation(LloydMaxQuant)
 CODECS = {  # name -> (key codec, value codec, head_dim)
     **{name: (TIERS[name].key, TIERS[name].value, 64)
-       for name in ("jpeg-k2-int8", "jpeg-k8-int8", "jpeg-k4", "int8", "turbo-4", "turbo-3", "turbo-k4v2")},
+       for name in ("jpeg-k2-int8", "jpeg-k8-int8", "jpeg-k4", "int8", "turbo-4", "turbo-3", "turbo-k4v2",
+                    "fp8-e4m3", "fp8-e5m2", "nvfp4", "mxfp4")},  # fp8 rows and fp8 / e8m0 scales read as bytes
+    "fp8-keys-nvfp4-values": (TIERS["fp8-e4m3"].key, TIERS["nvfp4"].value, 64),
     "r6-k3-gq4-d48": (R6_GQ4, R6_GQ4, 48),
     "dct-k4-rotated-lloyd-max": (DCT_ROTATED.key, DCT_ROTATED.value, 64),
     "dct-keys-rotated-values": (TIERS["jpeg-k2-int8"].key, TIERS["turbo-4"].value, 64),  # different layouts

@@ -16,6 +16,8 @@ CASES = {
     "turbo-4-key-per-channel": (TIERS["turbo-4"].key, (1, 2, 64, 64)),
     "turbo-3-key-per-channel": (TIERS["turbo-3"].key, (1, 2, 32, 64)),
     "int8-d96": (TIERS["int8"].value, (1, 3, 19, 96)),
+    "nvfp4-e4m3-scales": (TIERS["nvfp4"].value, (2, 2, 9, 64)),  # E2M1 codes, E4M3 scales read as bytes
+    "mxfp4-e8m0-scales": (TIERS["mxfp4"].value, (1, 2, 7, 128)),
     "rotated-lloyd-max2-per-channel": (Rotation(inner=LM2_PER_CHANNEL), (1, 2, 32, 32)),
     "rotated-gq3-seed5": (Rotation(inner=GroupQuant(bits=3, group=32), seed=5), (1, 2, 9, 64)),
     "lloyd-max3-g8-d48": (LloydMaxQuant(bits=3, group=8), (1, 2, 11, 48)),

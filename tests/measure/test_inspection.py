@@ -72,3 +72,15 @@ def test_a_schedule_shows_each_layer_with_its_tier_and_bytes(capture):
     assert view.layers[0].key_rel_error == uniform.layers[0].key_rel_error, "layer 0 is coded as jpeg-k8-int8 alone"
     with pytest.raises(ValueError, match="layer 30 does not exist"):
         inspect_capture(capture, schedule("turbo-4", {30: "int8"}))
+
+
+def test_inspect_shows_which_tokens_a_press_kept(loaded):
+    from codeckv.measure.inspection import inspect_tier
+    from codeckv.tiers import get_tier
+
+    view = inspect_tier(loaded, "The history of printing begins in East Asia. " * 12, get_tier("tova-75"), 2, 1)
+    kept, tokens = view.head.kept, len(view.tokens)
+    assert kept is not None and int(kept.sum()) == -(-tokens // 4), "a quarter of the prompt's tokens kept"
+    assert torch.isnan(view.head.key_recon[~kept]).all() and not torch.isnan(view.head.key_recon[kept]).any()
+    assert view.layers[2].kept_pct == pytest.approx(100 * -(-tokens // 4) / tokens) and bool(kept[-1])
+    assert view.summary()["kept_tokens"] == int(kept.sum())

@@ -1,0 +1,22 @@
+"""Token eviction: one press per file; a press decides which tokens a layer keeps (presses/base.py).
+
+PRESSES names each press class, as the tiers' names do (codeckv/tiers.py: "snapkv-50" is SnapKVPress(ratio=0.5)).
+"""
+
+from codeckv.presses.base import RATIOS, Press, keep_indices, kept_count
+from codeckv.presses.expected_attention import ExpectedAttentionPress
+from codeckv.presses.knorm import KnormPress
+from codeckv.presses.snapkv import SnapKVPress
+from codeckv.presses.streamingllm import StreamingLLMPress
+from codeckv.presses.tova import TOVAPress
+
+PRESSES: dict[str, type[Press]] = {
+    "streamingllm": StreamingLLMPress,
+    "snapkv": SnapKVPress,
+    "knorm": KnormPress,
+    "tova": TOVAPress,
+    "expected": ExpectedAttentionPress,
+}
+
+__all__ = ["PRESSES", "RATIOS", "ExpectedAttentionPress", "KnormPress", "Press", "SnapKVPress", "StreamingLLMPress",
+           "TOVAPress", "keep_indices", "kept_count"]
