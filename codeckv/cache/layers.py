@@ -140,14 +140,16 @@ class CodecLayer(DynamicLayer):
         # codecs (int8) encode once per 8 steps instead of paying an encode/decode call on every step.
         blocks = (tier.key.block_tokens, tier.value.block_tokens) if self.coded else ()
         self.unit = math.lcm(*blocks, MIN_ARCHIVE_TOKENS)
-        self.ask_raw_until(raw_until if self.coded else None)
+        self.ask_raw_until(raw_until)
         self._reset_state()
 
     def ask_raw_until(self, raw_until: int | None) -> None:
-        """Hold tokens raw until `raw_until` (None: the tier's own N, settled by lazy_initialization)."""
+        """Hold tokens raw until `raw_until` (None: the tier's own N, settled by lazy_initialization); a press alone
+        archives nothing, whatever is asked."""
         if raw_until is not None and (isinstance(raw_until, bool) or not isinstance(raw_until, int) or raw_until < 0):
             raise ValueError(f"raw_until={raw_until!r} must be a token count >= 0 (0: archive from the first "
                              "complete unit) or None (the tier's own)")
+        raw_until = raw_until if self.coded else None
         self.raw_until_asked = raw_until
         self.raw_until: int | None = raw_until  # tokens held raw before archiving; None once settled: never
 

@@ -290,6 +290,9 @@ def save_cache(cache, path: str | Path, token_ids, model=None, extra=None) -> in
             if layer.padded:
                 raise SavedCacheError(f"layer {index} was set up for a left-padded batch, which this format cannot "
                                       "save (allowed: rows without padding)")
+            if layer.evicted:
+                raise SavedCacheError(f"layer {index}: its press evicted {layer.evicted} tokens, which this format "
+                                      "cannot save (allowed: tiers without a press)")
             tensors, counts = layer.export_state()
             kind = "codec"
         else:

@@ -6,6 +6,7 @@ import torch
 
 from codeckv.cache import CodecCache, held_bytes, make_cache
 from codeckv.cache.attention import use_codec_attention
+from codeckv.cache.saved_format import SavedCacheError
 from codeckv.measure.families import tiny_model
 from codeckv.presses import SnapKVPress, StreamingLLMPress
 from codeckv.tiers import TIERS, Tier, compose, get_tier
@@ -87,13 +88,16 @@ def tiny_model_with(config):
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-def test_each_prefill_chunk_is_pressed_as_it_arrives(loaded, prompt):
+def test_each_prefill_chunk_is_pressed_as_it_arrives_and_cannot_be_saved(loaded, prompt, tmp_path):
     cache = make_cache(loaded, "snapkv-50+turbo-4")
     with torch.inference_mode():
         loaded.model(prompt[:, :400], cache=cache)
         loaded.model(prompt[:, 400:], cache=cache)
     assert cache.get_seq_length() == 600 and cache.layers[5].evicted == 200 + 100
     assert cache.footprint().ratio < 0.2, "half the tokens, each at turbo-4's bytes"
+    with pytest.raises(SavedCacheError, match="its press evicted 300 tokens, which this format cannot save"):
+        cache.save(tmp_path / "pressed.kvc", prompt, loaded)
+    assert not (tmp_path / "pressed.kvc").exists()
 
 
 def test_a_press_is_refused_where_it_cannot_score(tiny_gemma3, loaded):

@@ -83,3 +83,16 @@ def test_spread_is_the_standard_error_over_windows():
     s = spread(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert s.mean == 2.5 and s.se == pytest.approx(torch.tensor([1.0, 2, 3, 4]).std().item() / 2)
     assert math.isnan(spread(torch.tensor([1.0])).se)
+
+
+def test_a_press_is_scored_after_the_prefill_it_compressed(loaded):
+    """The quality protocol for a press (as kvpress's benchmark): the prefill is pressed, the scored tokens are not."""
+    windows = loaded.tokenizer("The quick brown fox jumps over the lazy dog. " * 20, return_tensors="pt").input_ids
+    windows = windows[:, :96].repeat(2, 1)
+    caches = [make_cache(loaded, name) for name in ("native", "streamingllm-50", "snapkv-50+turbo-4")]
+    reference, scores = lockstep(loaded.model, windows, caches)
+    for cache, score in zip(caches[1:], scores[1:]):
+        layer = cache.layers[0]
+        assert layer.evicted == 24 and cache.get_seq_length() == 95, "half the 48 prefilled tokens are gone"
+        stats = compare(reference, score)
+        assert 0 < stats.kld.mean < math.inf and 0 <= stats.top1_pct.mean <= 100
