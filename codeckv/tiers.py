@@ -194,8 +194,8 @@ TIERS: dict[str, Tier] = _tiers(
     ),
     Tier(
         "jpeg-k8-int8",
-        "DCT r=8, all 8 frequencies, coefficients 8-bit (group 64)",
-        key=DCT(block_size=8, k=8, coeffs=GroupQuant(bits=8, group=64)),
+        "DCT r=8, all 8 frequencies, coefficients 8-bit: K's per channel (4 blocks), V's per row (group 64)",
+        key=DCT(block_size=8, k=8, coeffs=GroupQuant(bits=8, group=32, per_channel=True)),
         value=DCT(block_size=8, k=8, coeffs=GroupQuant(bits=8, group=64)),
         max_rel_error=0.012,
     ),

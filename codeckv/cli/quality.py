@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import time
 from pathlib import Path
 
@@ -25,13 +26,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pca-bits", type=bits_list, default=[], metavar="B,B,...",
                         help="also PCA tiers at these bits per element (rows pca-<B>b: the PCA frontier)")
     parser.add_argument("--out", help="CSV path (default out/quality-<model>[-<source>].csv)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other rows of the CSV at --out (measured on the same text, windows and length "
+                             "against the same native run) and replace or add these tiers' rows")
     parser.add_argument("--charts", help="folder for the HTML charts (default out/quality-<model>[-<source>])")
 
 
 def run(args: argparse.Namespace) -> None:
     from codeckv.measure.peers import PEER_NAMES, run_for
     from codeckv.measure.quality import as_dicts, measure_quality
-    from codeckv.measure.table import format_table, write_csv
+    from codeckv.measure.table import format_table, merge_rows, write_csv
     from codeckv.tiers import TIERS, pca_tier
 
     tiers = [run_for(name) for name in args.tiers or [*TIERS, *PEER_NAMES]]
@@ -53,6 +57,21 @@ def run(args: argparse.Namespace) -> None:
           f"each; took {time.perf_counter() - start:.1f} s")
     suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
     stem = f"quality-{file_stem(loaded.info.name)}{suffix}"
-    written = write_csv(rows, args.out or f"out/{stem}.csv")  # before the charts: numbers never hang on figures
+    out = Path(args.out or f"out/{stem}.csv")
+    if args.update and out.exists():
+        _check_same_native(out, rows)
+        rows = merge_rows(out, rows, [*TIERS, *PEER_NAMES], same=("source", "windows", "tokens_per_window"))
+    written = write_csv(rows, out)  # before the charts: numbers never hang on figures
     paths = write_figures(lambda figures: figures.quality_figures(result), Path(args.charts or f"out/{stem}"))
     print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
+
+
+def _check_same_native(path: Path, rows: list[dict]) -> None:
+    """--update keeps rows scored against another run of native only if that run is this one: same model, same
+    windows (their native NLL agrees to the float noise of a batch shape, far below any change of text or model)."""
+    with path.open(newline="") as f:
+        old = next((float(row["nll"]) for row in csv.DictReader(f) if row["tier"] == "native"), None)
+    new = next(float(row["nll"]) for row in rows if row["tier"] == "native")
+    if old is None or abs(old - new) > 1e-4 * abs(new):
+        raise ValueError(f"--update: {path} was not measured against this native run (native NLL {old} there, "
+                         f"{new:.6f} here: another model, text or window): write a new CSV")

@@ -31,6 +31,24 @@ def write_csv(rows: list[dict], path: str | Path) -> Path:
     return path
 
 
+def merge_rows(path: str | Path, rows: list[dict], order: list[str], key: str = "tier",
+               same: tuple[str, ...] = ()) -> list[dict]:
+    """The rows of the CSV at `path` with `rows` replacing those of the same `key` and adding the others, sorted by
+    `order` (names not in it last, in the order met). `same`: columns whose values every old and new row must share
+    (e.g. the text and its windows), else a ValueError saying which."""
+    with Path(path).open(newline="") as f:
+        old = list(csv.DictReader(f))
+    for column in same:
+        values = {str(row.get(column)) for row in [*old, *rows]}
+        if len(values) > 1:
+            raise ValueError(f"{path}: its rows and the new ones differ in {column} ({', '.join(sorted(values))}): "
+                             "update a CSV measured the same way, or write a new one")
+    merged = {row[key]: row for row in old} | {row[key]: row for row in rows}
+    rank = {name: i for i, name in enumerate(order)}
+    names = sorted(merged, key=lambda name: (rank.get(name, len(rank)), list(merged).index(name)))
+    return [merged[name] for name in names]
+
+
 def write_json(payload, path: str | Path) -> Path:
     """Strict JSON: inf and nan (e.g. the PSNR of a lossless tier) become null."""
     path = Path(path)

@@ -35,8 +35,8 @@ def _greedy(model, ids, cache, n, **kwargs):
 # view), the end of a short context (SHORT_VIEW_TOKENS, 40 in the test); png never: its archive is as large as
 # the raw tokens it codes.
 SHORT = 40
-OWN_N = {"png": (None, None), "int8": (32, SHORT), "rotated-4": (32, SHORT), "turbo-4": (32, SHORT),
-         "turbo-3": (32, SHORT), "turbo-k4v2": (32, SHORT)}
+OWN_N = {"png": (None, None), "int8": (32, SHORT), "jpeg-k8-int8": (32, SHORT), "rotated-4": (32, SHORT),
+         "turbo-4": (32, SHORT), "turbo-3": (32, SHORT), "turbo-k4v2": (32, SHORT)}
 
 
 @pytest.mark.parametrize("mode", ["codes", "short view", "view"])

@@ -1,7 +1,9 @@
-"""CLI smoke tests: sweep and inspect write CSV, JSON and standalone HTML."""
+"""CLI smoke tests: sweep and inspect write CSV, JSON and standalone HTML; quality --update merges its rows."""
 
 import csv
 import json
+
+import pytest
 
 from codeckv.cli import main
 
@@ -86,3 +88,18 @@ def test_version_and_help_exit_0(capsys):
 
     assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"codeckv {codeckv.__version__}"
     assert main(["quality", "--help"]) == 0 and "--offline" in capsys.readouterr().out
+
+
+def test_quality_update_replaces_and_adds_rows_of_the_same_native_run(tmp_path, capsys):
+    out = tmp_path / "q.csv"
+    small = ["--windows", "1", "--length", "48", "--out", str(out), "--charts", str(tmp_path / "c")]
+    assert main(["quality", "--tiers", "int8", "turbo-4", *small]) == 0
+    before = {row["tier"]: row for row in csv.DictReader(out.open())}
+    assert main(["quality", "--tiers", "png", "int8", "--update", *small]) == 0
+    after = {row["tier"]: row for row in csv.DictReader(out.open())}
+    assert list(after) == ["native", "png", "int8", "turbo-4"], "every tier in TIERS' order"
+    assert after["turbo-4"] == before["turbo-4"] and float(after["png"]["kld"]) == 0.0
+    assert float(after["int8"]["kld"]) == pytest.approx(float(before["int8"]["kld"]), rel=1e-3, abs=1e-7)
+    assert main(["quality", "--tiers", "int8", "--update", "--source", "bible", *small]) == 1
+    assert "was not measured against this native run" in capsys.readouterr().err
+    assert list(csv.DictReader(out.open()))[3]["tier"] == "turbo-4", "a refused update leaves the CSV as it was"
