@@ -13,6 +13,7 @@ windows for every candidate of a model and text):
             | rotated K, per-token groups (what llama.cpp's rotation does) | rotated K and V
     4-bit   rotated K per token (the old rotated-4) | per-channel K (the new rotated-4) | rotated K, then per channel
             (values rotated onto per-token 4-bit min/max groups in all three)
+    DCT     jpeg-k8-int8's key coefficients in 8-bit groups of 64 per row (the old) | per channel, 4 blocks (the new)
 
 KVQuant's dense-and-sparse split (outlier channels stored apart) is not among them: per-channel keys at the same bytes
 already leave int8 at KLD ~2e-5 on Qwen, below what any split could show here.
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from codeckv.cli.types import positive  # noqa: E402
-from codeckv.codecs import GroupQuant, Rotation  # noqa: E402
+from codeckv.codecs import DCT, GroupQuant, Rotation  # noqa: E402
 from codeckv.corpus import SOURCES  # noqa: E402
 from codeckv.measure.quality import measure_quality  # noqa: E402
 from codeckv.measure.table import format_table, write_csv  # noqa: E402
@@ -45,15 +46,19 @@ CANDIDATES = [
     Tier("4-bit, K rotated per token (old rotated-4)", "", key=Rotation(PER_TOKEN_4), value=Rotation(PER_TOKEN_4)),
     Tier("4-bit, K per channel (rotated-4)", "", key=PER_CHANNEL_4, value=Rotation(PER_TOKEN_4)),
     Tier("4-bit, K rotated then per channel", "", key=Rotation(PER_CHANNEL_4), value=Rotation(PER_TOKEN_4)),
+    Tier("DCT, K coefficients per row (old jpeg-k8-int8)", "", key=DCT(8, 8, GroupQuant(bits=8, group=64)),
+         value=DCT(8, 8, GroupQuant(bits=8, group=64))),
+    Tier("DCT, K coefficients per channel (jpeg-k8-int8)", "", key=DCT(8, 8, PER_CHANNEL_8),
+         value=DCT(8, 8, GroupQuant(bits=8, group=64))),
 ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["qwen2.5-coder-0.5b", "smollm2-135m"])
-    parser.add_argument("--sources", nargs="+", choices=list(SOURCES), default=["bible"],
-                        help="texts (default bible: prose that no tier was tuned on)")
-    parser.add_argument("--windows", type=positive, default=4, help="windows of each text (default 4)")
+    parser.add_argument("--sources", nargs="+", choices=list(SOURCES), default=["corpus", "bible"],
+                        help="texts (default: the corpus and the Bible, prose that no tier was tuned on)")
+    parser.add_argument("--windows", type=positive, default=2, help="windows of each text (default 2)")
     parser.add_argument("--length", type=positive, default=512, help="tokens per window (default 512)")
     parser.add_argument("--out", default="out/outlier-keys.csv")
     args = parser.parse_args()
