@@ -315,8 +315,14 @@ def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibratio
     if materialization_free is None:
         materialization_free = view_reason(tier) is None
     if tier.key is None and tier.joint is None:  # a press alone: raw tokens, read as they are
-        return lambda index: CodecLayer(tier, raw_until, layer_kwargs[index].get("sliding_window")
-                                        if layer_types[index] in WINDOWED else None)
+        def press_layer(index: int) -> CodecLayer:
+            kind, kwargs = layer_types[index], layer_kwargs[index]
+            window = kwargs.get("sliding_window") if kind in WINDOWED else None
+            if kind in HYBRID:
+                return HybridCodecLayer(tier, raw_until, window, number_of_states=kwargs.get("number_of_states", 1))
+            return CodecLayer(tier, raw_until, window)
+
+        return press_layer
     if tier.joint is None:
         def per_tensor_layer(index: int) -> CodecLayer:
             kind, kwargs = layer_types[index], layer_kwargs[index]

@@ -57,7 +57,7 @@ class PCALayer(CodecLayer):
             raise ValueError(f"share={share!r}: a layer's share of the budget must be positive")
         self.tier, self._coder, self.share, self._later = tier, coder, share, later
         self.window, self.is_sliding = None, False  # full attention only (cache/schedule.py, codes_layer)
-        self.unit = MIN_ARCHIVE_TOKENS  # tokens per stored chunk
+        self.unit, self.coded = MIN_ARCHIVE_TOKENS, True  # tokens per stored chunk; it codes what it holds
         self.ask_raw_until(raw_until)
         self._reset_state()
 
