@@ -41,7 +41,15 @@ from codeckv.codecs.lloyd_max import LloydMaxQuant
 from codeckv.codecs.pca import JointPCA
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rotation import Rotation
-from codeckv.presses import ExpectedAttentionPress, KnormPress, Press, SnapKVPress, StreamingLLMPress, TOVAPress
+from codeckv.presses import (
+    Budget,
+    ExpectedAttentionPress,
+    KnormPress,
+    Press,
+    SnapKVPress,
+    StreamingLLMPress,
+    TOVAPress,
+)
 
 MAX_RAW_TOKENS = 1 << 20  # keep_first / keep_recent at most: far past any context a cache here holds
 
@@ -81,6 +89,9 @@ class Tier:
         if self.press is not None and self.joint is not None:
             raise ValueError(f"Tier {self.name!r}: a PCA tier removes RoPE at each token's position, which a press's "
                              "eviction loses (allowed: a press with a per-tensor tier)")
+        if isinstance(self.press, Budget) and self.key is not None:
+            raise ValueError(f"Tier {self.name!r}: a token budget evicts tokens the layer already holds, which a "
+                             "codec's archive cannot give back (allowed: a budget on a press alone, its tokens raw)")
         if self.press is not None and (self.key is None) != (self.value is None):
             raise ValueError(f"Tier {self.name!r}: a press stores the kept tokens raw or through both codecs "
                              "(allowed: key and value codecs, or neither)")
@@ -162,12 +173,21 @@ def _press(name: str, press: Press, how: str) -> Tier:
                 press=press, max_rel_error=0.0)
 
 
+def _budget(name: str, press: Press, how: str, tokens: int = 256) -> Tier:
+    """A press that keeps at most `tokens` per layer, decoding included (presses/budget.py), its tokens raw."""
+    budget = Budget(press=press, tokens=tokens)
+    return Tier(name, f"{how}: at most {tokens} tokens per layer, pressed back to {tokens} after a prefill chunk and "
+                      f"every {budget.interval} decode steps past it; keeps them raw", press=budget, max_rel_error=0.0)
+
+
 def compose(press_tier: Tier, codec_tier: Tier) -> Tier:
     """A press tier's press over a per-tensor codec tier: "snapkv-50+turbo-4" keeps SnapKV's tokens stored as turbo-4
     stores them (presses/base.py). Refused for a PCA or native codec tier, or a first tier without a press."""
-    if press_tier.press is None or press_tier.key is not None:
-        raise ValueError(f"'{press_tier.name}' is not a press tier (allowed before '+': "
-                         f"{', '.join(n for n, t in TIERS.items() if t.press is not None and t.key is None)})")
+    if press_tier.press is None or press_tier.key is not None or isinstance(press_tier.press, Budget):
+        composable = (n for n, t in TIERS.items() if t.press is not None and t.key is None
+                      and not isinstance(t.press, Budget))
+        raise ValueError(f"'{press_tier.name}' is not a press tier that evicts at prefill (a token budget keeps its "
+                         f"tokens raw; allowed before '+': {', '.join(composable)})")
     if codec_tier.key is None or codec_tier.press is not None or codec_tier.per_layer:
         raise ValueError(f"'{codec_tier.name}' is not a per-tensor codec tier (allowed after '+': "
                          f"{', '.join(n for n, t in TIERS.items() if t.key is not None and t.press is None)})")
@@ -282,6 +302,9 @@ TIERS: dict[str, Tier] = _tiers(
     *(_press(f"tova-{r}", TOVAPress(r / 100), "TOVA (attention of the last query)") for r in (50, 75)),
     *(_press(f"expected-{r}", ExpectedAttentionPress(r / 100), "Expected attention (of the coming queries)")
       for r in (50, 75)),
+    _budget("streamingllm-budget256", StreamingLLMPress(), "StreamingLLM (4 sinks + the newest tokens)"),
+    _budget("tova-budget256", TOVAPress(), "TOVA (attention of the last query)"),
+    _budget("snapkv-budget256", SnapKVPress(), "SnapKV (attention of the last 64 queries, pooled)"),
     _pca("pca-5x", 3.2),
     _pca("pca-8x", 2.0),
     _pca("pca-16x", 1.0),

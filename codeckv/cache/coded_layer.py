@@ -51,6 +51,7 @@ class CodedLayer(CodecLayer):
         self.evicted = 0  # tokens a press evicted
         self._pressable = 0  # the prefill chunk just taken, which its press evicts from after its attention
         self._positions: torch.Tensor | None = None  # (B, H, held) position of each held token, once a press evicted
+        self._queries: torch.Tensor | None = None  # a budget's last queries (never set: a budget presses raw tokens)
         self._hidden = 0  # held tokens at the front that the current forward's queries do not see (a window)
         self.archived_upto = self.tier.keep_first  # tokens [archive_start, archived_upto) are archived
         self.archive_k, self.archive_v = Archive(tight=True), Archive(tight=True)
@@ -297,7 +298,7 @@ class CodedLayer(CodecLayer):
 
     def held_bytes(self) -> int:
         """Bytes of every tensor this layer owns now: archive buffers, raw sinks and tail, any short view (no flush)."""
-        return self._stored()[2] + self._raw_and_view_bytes()
+        return self._stored()[2] + self._raw_and_view_bytes() + self._press_bytes()
 
     def _raw_and_view_bytes(self) -> int:
         view = None if self._view_k is None else (self._view_k, self._view_v)

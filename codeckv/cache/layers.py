@@ -54,7 +54,7 @@ from codeckv.cache.flush import flush_layers
 from codeckv.cache.footprint import LayerFootprint
 from codeckv.cache.kernel_ops import decode
 from codeckv.codecs.base import Codec, Encoded
-from codeckv.presses import keep_indices
+from codeckv.presses import Budget, keep_indices
 from codeckv.tiers import Tier
 
 MIN_ARCHIVE_TOKENS = 8
@@ -191,6 +191,7 @@ class CodecLayer(DynamicLayer):
         self.evicted = 0  # tokens a press evicted (the positions of the next tokens are length + evicted)
         self._pressable = 0  # the prefill chunk just taken, which its press evicts from after its attention
         self._positions: torch.Tensor | None = None  # (B, H, held) position of each held token, once a press evicted
+        self._queries: torch.Tensor | None = None  # (B, Hq, q, D) a budget's last queries (Press.queries_read)
         self.archived_upto = self.tier.keep_first  # tokens [archive_start, archived_upto) are archived
         self.archive_k, self.archive_v = Archive(), Archive()
         self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
@@ -230,7 +231,8 @@ class CodecLayer(DynamicLayer):
             seen = self.length + self.evicted
             fresh = torch.arange(seen - new, seen, device=self._positions.device).expand(b, h, new)
             self._positions = torch.cat([self._positions, fresh], dim=2)
-        self._pressable = new if self.tier.press is not None and new > 1 and self.window is None else 0
+        budget = isinstance(self.tier.press, Budget)  # a budget sees every step's queries: it keeps the last ones
+        self._pressable = new if self.tier.press is not None and (new > 1 or budget) and self.window is None else 0
         if self._pressable:
             setattr(keys, PRESS_TAG, self)
         return keys, values
@@ -240,11 +242,20 @@ class CodecLayer(DynamicLayer):
         """Evict the tier's press's share of the prefill chunk just attended to (queries (B, Hq, T, D), the chunk's):
         its raw tokens after the sinks, the same count in every KV head (codeckv/presses/base.py)."""
         chunk, self._pressable = self._pressable, 0
+        keep_count = None
+        if isinstance(self.tier.press, Budget):  # every token held is scored, with the last queries kept
+            wanted = self.tier.press.queries_read
+            recent = queries if self._queries is None else torch.cat([self._queries, queries], dim=2)
+            self._queries = recent[:, :, recent.shape[2] - wanted :].clone() if wanted else None
+            if not self.tier.press.over(self.held, chunk):
+                return
+            chunk, queries = self.held, recent
+            keep_count = self.tier.press.tokens - min(self.length, self.tier.keep_first)  # the sinks stay
         keys, values = self._chunk(chunk)
         tokens = keys.shape[2]
         if tokens < 2:
             return
-        keep = keep_indices(self.tier.press, keys, values, queries[:, :, -tokens:])  # (B, H, k)
+        keep = keep_indices(self.tier.press, keys, values, queries[:, :, -tokens:], keep_count)  # (B, H, k)
         positions = self.positions()
         start = positions.shape[2] - tokens
         self._positions = torch.cat([positions[:, :, :start], positions[:, :, start:].gather(2, keep)], dim=2)
@@ -473,7 +484,11 @@ class CodecLayer(DynamicLayer):
             held += self._rest.nbytes
         if self._view_k is not None:
             held += (self._view_k.numel() + self._view_v.numel()) * self._view_k.element_size()
-        return held
+        return held + self._press_bytes()
+
+    def _press_bytes(self) -> int:
+        """What a press keeps beside the tokens: each kept token's position, a budget's last queries."""
+        return sum(t.numel() * t.element_size() for t in (self._positions, self._queries) if t is not None)
 
     def _raw_tokens(self) -> RawTokens:
         """The sinks and the raw tail as exact-size tensors (copies from the view, or those kept at rest)."""

@@ -4,6 +4,7 @@ PRESSES names each press class, as the tiers' names do (codeckv/tiers.py: "snapk
 """
 
 from codeckv.presses.base import RATIOS, Press, keep_indices, kept_count
+from codeckv.presses.budget import Budget
 from codeckv.presses.expected_attention import ExpectedAttentionPress
 from codeckv.presses.knorm import KnormPress
 from codeckv.presses.snapkv import SnapKVPress
@@ -18,5 +19,5 @@ PRESSES: dict[str, type[Press]] = {
     "expected": ExpectedAttentionPress,
 }
 
-__all__ = ["PRESSES", "RATIOS", "ExpectedAttentionPress", "KnormPress", "Press", "SnapKVPress", "StreamingLLMPress",
-           "TOVAPress", "keep_indices", "kept_count"]
+__all__ = ["PRESSES", "RATIOS", "Budget", "ExpectedAttentionPress", "KnormPress", "Press", "SnapKVPress",
+           "StreamingLLMPress", "TOVAPress", "keep_indices", "kept_count"]

@@ -37,6 +37,11 @@ class Press:
             raise ValueError(f"{type(self).__name__}: ratio={self.ratio!r} must be a share evicted in [0, 1) "
                              f"(e.g. {', '.join(map(str, RATIOS))})")
 
+    @property
+    def queries_read(self) -> int:
+        """How many of the last queries `scores` reads (0: none, it scores the keys alone); a budget keeps that many."""
+        return 0
+
     def scores(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -46,9 +51,11 @@ def kept_count(tokens: int, ratio: float) -> int:
     return max(1, math.ceil(tokens * (1 - ratio) - 1e-9))
 
 
-def keep_indices(press: Press, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
-    """(B, H, k) positions of the chunk each KV head keeps, in order (the press's top k scores)."""
-    k = kept_count(keys.shape[2], press.ratio)
+def keep_indices(press: Press, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor,
+                 keep: int | None = None) -> torch.Tensor:
+    """(B, H, k) positions of the chunk each KV head keeps, in order (the press's top k scores); k = `keep` when
+    given (a token budget, presses/budget.py), else what the press's ratio leaves."""
+    k = kept_count(keys.shape[2], press.ratio) if keep is None else min(keep, keys.shape[2])
     scores = press.scores(keys, values, queries)  # (B, H, S)
     return scores.topk(k, dim=-1).indices.sort(dim=-1).values
 
@@ -60,11 +67,12 @@ def grouped_queries(queries: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def window_attention(keys: torch.Tensor, queries: torch.Tensor, window: int) -> torch.Tensor:
-    """The attention of the chunk's last `window` queries over its keys, averaged over those queries and the query
-    heads of each KV head: (B, H, S) float32 (each query sees the keys up to its own position)."""
+    """The attention of the last `window` queries over the keys, averaged over those queries and the query heads of
+    each KV head: (B, H, S) float32. The queries are those of the last keys (a chunk's own, or the decode steps a
+    budget kept: fewer than S), each seeing the keys up to its own position."""
     b, h, s, d = keys.shape
-    w = min(window, s)
-    q = grouped_queries(queries[:, :, s - w :], h).float()  # (B, H, G, w, D)
+    w = min(window, s, queries.shape[2])
+    q = grouped_queries(queries[:, :, queries.shape[2] - w :], h).float()  # (B, H, G, w, D)
     logits = torch.einsum("bhgwd,bhsd->bhgws", q, keys.float()) / math.sqrt(d)
     visible = torch.arange(s, device=keys.device)[None, :] <= torch.arange(s - w, s, device=keys.device)[:, None]
     weights = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)

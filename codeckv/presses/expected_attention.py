@@ -29,10 +29,14 @@ class ExpectedAttentionPress(Press):
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 2:
             raise ValueError(f"ExpectedAttentionPress: window={self.window!r} must be a whole number >= 2")
 
+    @property
+    def queries_read(self) -> int:
+        return self.window
+
     def scores(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         b, h, s, d = keys.shape
-        w = min(self.window, s)
-        q = grouped_queries(queries[:, :, s - w :], h).float()  # (B, H, G, w, D)
+        w = min(self.window, s, queries.shape[2])  # the queries of the last keys (window_attention)
+        q = grouped_queries(queries[:, :, queries.shape[2] - w :], h).float()  # (B, H, G, w, D)
         mean, var = q.mean(dim=3), q.var(dim=3, unbiased=False) if w > 1 else torch.zeros_like(q[:, :, :, 0])
         k = keys.float()
         logits = torch.einsum("bhgd,bhsd->bhgs", mean, k) / math.sqrt(d)

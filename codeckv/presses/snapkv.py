@@ -30,6 +30,10 @@ class SnapKVPress(Press):
         if self.kernel % 2 == 0:
             raise ValueError(f"SnapKVPress: kernel={self.kernel} must be odd (a window centred on each token)")
 
+    @property
+    def queries_read(self) -> int:
+        return self.window
+
     def scores(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         s = keys.shape[2]
         attention = window_attention(keys, queries, self.window)  # (B, H, S)

@@ -14,6 +14,10 @@ from codeckv.presses.base import Press, window_attention
 class TOVAPress(Press):
     """Attention of the last query."""
 
+    @property
+    def queries_read(self) -> int:
+        return 1
+
     def scores(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         attention = window_attention(keys, queries, 1)  # (B, H, S)
         attention[..., -1] = float("inf")

@@ -3,7 +3,8 @@
     tier_backends("cuda", head_dim=64, dtype="bfloat16")["turbo-4"]["attention"]  # "triton decode_attention ..."
 
 Codec tiers ask the kernels themselves (`op_backends`: the same checks the ops run); a PCA tier has
-no per-tensor codec, its chunks are coded in torch (codeckv/cache/pca_layer.py) and no kernel reads them.
+no per-tensor codec, its chunks are coded in torch (codeckv/cache/pca_layer.py) and no kernel reads them; a press
+alone stores nothing coded.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from codeckv.tiers import TIERS
 OPS = ("encode", "decode", "attention")  # archiving a block, the decoded view, attention on the codes
 PCA_PATH = "torch (joint PCA + ANS in codeckv/cache/pca_layer.py: no kernel reads entropy-coded chunks)"
 PCA_ATTENTION = "refused (no kernel reads entropy-coded chunks): attention reads the decoded view"
+PRESS_PATH = "none (a press alone keeps the tokens it does not evict raw; its scoring runs in torch)"
+PRESS_ATTENTION = "SDPA on the kept raw tokens"
 
 
 @functools.cache
@@ -30,6 +33,9 @@ def tier_backends(device: str, head_dim: int, dtype: str) -> dict[str, dict[str,
             continue
         if tier.joint is not None:
             table[name] = {"encode": PCA_PATH, "decode": PCA_PATH, "attention": PCA_ATTENTION}
+            continue
+        if tier.key is None:  # a press alone
+            table[name] = {"encode": PRESS_PATH, "decode": PRESS_PATH, "attention": PRESS_ATTENTION}
             continue
         tier = tier.for_head_dims(head_dim, head_dim)  # as the cache fits it to the model's heads (codecs/fit.py)
         paths = op_backends(tier.key, tier.value, device_type, head_dim, getattr(torch, dtype))

@@ -8,7 +8,7 @@ from codeckv.cache import CodecCache, held_bytes, make_cache
 from codeckv.cache.attention import use_codec_attention
 from codeckv.cache.saved_format import SavedCacheError
 from codeckv.measure.families import tiny_model
-from codeckv.presses import SnapKVPress, StreamingLLMPress
+from codeckv.presses import Budget, SnapKVPress, StreamingLLMPress, TOVAPress
 from codeckv.tiers import TIERS, Tier, compose, get_tier
 
 
@@ -43,7 +43,8 @@ def test_a_press_frees_what_it_evicts_and_keeps_the_positions(loaded, prompt, na
             loaded.model(prompt, cache=cache)
     kept = pressed.layers[0].held
     assert kept == round(600 * (1 - tier.press.ratio)) and pressed.get_seq_length() == 600
-    assert held_bytes(pressed) == pytest.approx(held_bytes(native) * kept / 600, rel=0.01), "the evicted are gone"
+    positions = kept * 3 * 8 * 30  # each kept token's position, per KV head and layer (int64)
+    assert held_bytes(pressed) == held_bytes(native) * kept // 600 + positions, "the evicted are gone"
     fp = pressed.footprint()
     assert fp.bf16_bytes == native.layers[0].keys.numel() * 2 * 2 * 30, "bf16 of every token seen: native's"
     assert fp.layers[0].evicted_tokens == 600 - kept
@@ -110,3 +111,45 @@ def test_a_press_is_refused_where_it_cannot_score(tiny_gemma3, loaded):
     with pytest.raises(ValueError, match="is not a press tier"):
         get_tier("turbo-4+int8")
     assert isinstance(make_cache(loaded, "tova-50"), CodecCache) and not TIERS["tova-50"].is_native
+
+
+def test_a_budget_holds_each_layer_at_its_size_through_prefill_and_decoding(loaded, prompt):
+    tier = get_tier("tova-budget256")
+    cache, native = make_cache(loaded, tier), make_cache(loaded, "native")
+    with torch.inference_mode():
+        logits = loaded.model(prompt, cache=cache).logits
+        loaded.model(prompt, cache=native)
+        assert {layer.held for layer in cache.layers} == {256}, "the prefill pressed back to the budget at once"
+        sizes = []
+        for _ in range(40):
+            token = logits[:, -1:].argmax(-1)
+            logits = loaded.model(token, cache=cache).logits
+            loaded.model(token, cache=native)
+            sizes.append(cache.layers[7].held)
+    assert max(sizes) == 256 + tier.press.interval - 1 and sizes.count(256) == 2, "pressed at steps 16 and 32"
+    assert cache.get_seq_length() == native.get_seq_length() == 640, "positions count every token seen"
+    layer = cache.layers[7]
+    assert layer.positions()[0, 0, -1].item() == 639, "TOVA keeps the newest token"
+    queries = layer._queries.numel() * layer._queries.element_size()
+    assert queries == 9 * 64 * 4, "TOVA's budget keeps one query (9 heads of 64 fp32 values) to score with"
+    per_token = native.layers[7].keys[0, :, 0].numel() * 4 * 2  # K and V, fp32
+    assert layer.held_bytes() == layer.held * per_token + layer.held * 3 * 8 + queries, "tokens, positions, query"
+
+
+def test_streamingllm_under_a_budget_keeps_the_sinks_and_the_newest(loaded, prompt):
+    cache = make_cache(loaded, "streamingllm-budget256")
+    with torch.inference_mode():
+        loaded.model(prompt, cache=cache)
+    assert cache.layers[0].positions()[0, 0].tolist() == [0, 1, 2, 3, *range(600 - 252, 600)]
+    assert cache.layers[0]._queries is None, "it reads no query, so it keeps none"
+
+
+def test_a_budget_stays_with_a_press_alone():
+    with pytest.raises(ValueError, match="not a press tier that evicts at prefill"):
+        get_tier("tova-budget256+turbo-4")
+    with pytest.raises(ValueError, match="a token budget evicts tokens the layer already holds"):
+        Tier("bad", "", key=TIERS["int8"].key, value=TIERS["int8"].value, press=Budget(press=TOVAPress()))
+    with pytest.raises(ValueError, match="must be a press that scores tokens"):
+        Budget(press=Budget(press=TOVAPress()))
+    with pytest.raises(ValueError, match=r"tokens=1 must be a whole number in 2\.\."):
+        Budget(press=TOVAPress(), tokens=1)
