@@ -3,6 +3,7 @@
     .venv/bin/python scripts/quality_table.py                   # the headline table: both models, every text
     .venv/bin/python scripts/quality_table.py --full corpus     # one text's whole table (ΔNLL, Δp, the tails)
     .venv/bin/python scripts/quality_table.py --full bible --model qwen2.5-coder-0.5b
+    .venv/bin/python scripts/quality_table.py --ratio       # Qwen's KLD over SmolLM2's, per tier and text
 
 Reads assets/quality-<model>[-<source>].csv (written by `python -m codeckv quality [--source S] --out ...`) and
 prints Markdown. Rows keep the order of the corpus CSV; a source whose CSV is missing is left out.
@@ -75,13 +76,30 @@ def full(model: str, source: str) -> str:
     return "\n".join(lines)
 
 
+def ratios(models: list[str]) -> str:
+    """The second model's KLD over the first's, per tier and text: does a tier hold on the other model?"""
+    first, second = models[:2]
+    head = ["cache", *(f"{SHORT.get(first, first)} KLD {s}" for s in SOURCES), *(f"× on {s}" for s in SOURCES)]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    a, b = ({s: _rows(m, s) for s in SOURCES} for m in (first, second))
+    for tier in a["corpus"]:
+        if tier == "native" or not all(tier in b[s] and tier in a[s] for s in SOURCES):
+            continue
+        klds = [_num(a[s][tier], "kld") for s in SOURCES]
+        times = [_num(b[s][tier], "kld") / k if k > 0 else math.nan for s, k in zip(SOURCES, klds)]
+        lines.append("| " + " | ".join([_name(a["corpus"][tier]), *map(_kld, klds),
+                                        *(f"{t:.2f}×" if t == t else "" for t in times)]) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", nargs="+", default=["smollm2-135m", "qwen2.5-coder-0.5b"],
                         help="models (the headline: each beside the others; --full: the first)")
     parser.add_argument("--full", choices=list(SOURCES), help="one text's whole table instead of the headline")
+    parser.add_argument("--ratio", action="store_true", help="the second model's KLD over the first's, per text")
     args = parser.parse_args()
-    print(full(args.model[0], args.full) if args.full else headline(args.model))
+    print(ratios(args.model) if args.ratio else full(args.model[0], args.full) if args.full else headline(args.model))
 
 
 if __name__ == "__main__":

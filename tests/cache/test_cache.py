@@ -15,9 +15,10 @@ from codeckv.cache.schedule import schedule
 from codeckv.tiers import TIERS
 
 PROMPT = "The history of the printing press begins in"
-# Tiers whose codecs code keys and values on their own; the PCA tiers need a calibrated model (tests/cache/test_pca.py).
+# Tiers whose codecs code keys and values on their own; the PCA tiers need a calibrated model (tests/cache/test_pca.py),
+# calibrated FP8 scales theirs (tests/cache/test_kv_scales.py); presses are tests/cache/test_presses.py's.
 PER_TENSOR_TIERS = [name for name, t in TIERS.items() if not t.is_native and t.joint is None
-                    and not needs_scales(t)]  # calibrated FP8 scales: tests/cache/test_kv_scales.py
+                    and not needs_scales(t) and t.press is None]
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +76,8 @@ def test_a_cache_says_raw_until_n_per_layer_and_archives_from_the_start_when_ask
 
     use_codec_attention(tiny_gemma3)  # its CodedLayers attend on the codes
     config = tiny_gemma3.config
-    own = make_cache(config, "turbo-4", True, per_layer={5: "jpeg-k8-int8"}, raw_until=None)
-    asked = make_cache(config, "turbo-4", False, per_layer={5: "jpeg-k8-int8"}, raw_until=0)
+    own = make_cache(config, "turbo-4", True, per_layer={5: "jpeg-k4"}, raw_until=None)
+    asked = make_cache(config, "turbo-4", False, per_layer={5: "jpeg-k4"}, raw_until=0)
     ids = torch.randint(0, 128, (1, 20), generator=torch.Generator().manual_seed(5))
     native = DynamicCache(config=config)
     with torch.inference_mode():
