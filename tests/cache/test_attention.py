@@ -207,9 +207,9 @@ def test_footprint_after_an_inference_mode_forward():
     """A forward under inference_mode, then footprint() outside it: the flush must not fail."""
     layer = CodedLayer(TIERS["jpeg-k8-int8"])
     with torch.inference_mode():
-        layer.update(torch.randn(1, 3, 20, 64), torch.randn(1, 3, 20, 64))
+        layer.update(torch.randn(1, 3, 40, 64), torch.randn(1, 3, 40, 64))
     fp = layer.footprint(0)
-    assert layer.archive_k.tokens == 16 and fp.archive_bytes > 0
+    assert layer.archive_k.tokens == 32 and fp.archive_bytes > 0, "one 32-token unit archived, 8 tokens raw"
 
 
 @pytest.mark.parametrize("materialization_free", [False, True], ids=["view", "materialization-free"])

@@ -124,8 +124,8 @@ def test_a_native_prefill_converts_into_a_schedule_its_windows_too(tiny_gemma3):
     ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(4))
     native = DynamicCache(config=tiny_gemma3.config)
     next_logits(tiny_gemma3, ids, native)
-    converted = CodecCache.from_cache(native, schedule("turbo-4", {5: "jpeg-k8-int8", 1: "jpeg-k8-int8"}), False)
-    assert converted.layers[5].tier == TIERS["jpeg-k8-int8"] and converted.layers[2].tier.key == TIERS["turbo-4"].key
+    converted = CodecCache.from_cache(native, schedule("turbo-4", {5: "jpeg-k4", 1: "jpeg-k4"}), False)
+    assert converted.layers[5].tier == TIERS["jpeg-k4"] and converted.layers[2].tier.key == TIERS["turbo-4"].key
     assert converted.footprint().layers[5].archived_tokens == 40
     assert converted.layers[1].window == 16 and converted.footprint().layers[1].archived_tokens == 8, \
         "the window's 15 tokens from position 25: a unit archived (32-39), the rest raw"

@@ -62,14 +62,14 @@ def test_var_delta_ratio_of_white_noise_is_two():
 def test_a_schedule_shows_each_layer_with_its_tier_and_bytes(capture):
     from codeckv.cache.schedule import schedule
 
-    view = inspect_capture(capture, schedule("turbo-4", {0: "jpeg-k8-int8", 29: "jpeg-k2"}), layer=0, head=0)
+    view = inspect_capture(capture, schedule("turbo-4", {0: "jpeg-k4", 29: "jpeg-k2"}), layer=0, head=0)
     tiers = [e.tier for e in view.layers]
-    assert tiers[0] == "jpeg-k8-int8" and tiers[29] == "jpeg-k2" and tiers[5].startswith("turbo-4")
+    assert tiers[0] == "jpeg-k4" and tiers[29] == "jpeg-k2" and tiers[5].startswith("turbo-4")
     ratios = {e.tier: e.ratio_vs_bf16 for e in view.layers}
     # the short capture fills no 32-token turbo unit (its tokens stay raw, fp32: 2x bf16), but 8-token ones
-    assert ratios["jpeg-k2"] < ratios["jpeg-k8-int8"] < ratios[tiers[5]] == 2.0, "each layer: its own tier's bytes"
-    uniform = inspect_capture(capture, TIERS["jpeg-k8-int8"], layer=0, head=0)
-    assert view.layers[0].key_rel_error == uniform.layers[0].key_rel_error, "layer 0 is coded as jpeg-k8-int8 alone"
+    assert ratios["jpeg-k2"] < ratios["jpeg-k4"] < ratios[tiers[5]] == 2.0, "each layer: its own tier's bytes"
+    uniform = inspect_capture(capture, TIERS["jpeg-k4"], layer=0, head=0)
+    assert view.layers[0].key_rel_error == uniform.layers[0].key_rel_error, "layer 0 is coded as jpeg-k4 alone"
     with pytest.raises(ValueError, match="layer 30 does not exist"):
         inspect_capture(capture, schedule("turbo-4", {30: "int8"}))
 

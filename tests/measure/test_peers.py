@@ -98,7 +98,7 @@ def test_peers_ride_in_the_lockstep_batch_beside_the_tiers(loaded):
     peers_trace = figure.data[2]
     assert peers_trace.name.startswith("peers") and list(peers_trace.text) == INSTALLED
     assert "diamond-open" in peers_trace.marker.symbol and figure.layout.showlegend  # int2 may sit off the top
-    assert set(peers_trace.marker.symbol) <= {"diamond-open", "triangle-up-open"} and figure.data[1].name == "tiers"
+    assert set(peers_trace.marker.symbol) <= {"diamond-open", "triangle-up-open"} and figure.data[1].name == "codecs"
     assert "peers" not in " ".join(t.name for t in pareto_figure(run.rows[:2], "kld").data)
 
 

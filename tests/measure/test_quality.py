@@ -86,12 +86,12 @@ def test_quality_cli_rejects_unknown_tier(capsys):
 
 def test_memory_cli_measures_each_row_in_its_own_process(tmp_path, capsys):
     out, charts = tmp_path / "m.csv", tmp_path / "charts"
-    args = ["memory", "--contexts", "96", "--new-tokens", "2", "--tiers", "turbo-4"]
+    args = ["memory", "--contexts", "512", "--new-tokens", "2", "--tiers", "turbo-4"]
     assert main([*args, "--out", str(out), "--charts", str(charts)]) == 0
     rows = {r["mode"]: r for r in csv.DictReader(out.open())}
     assert set(rows) == {"native", "codes", "view"} and "process_peak_saving_of_native" in capsys.readouterr().out
     assert all(int(r["process_peak_bytes"]) > 0 for r in rows.values()), "every row's own process peak"
     assert float(rows["codes"]["held_vs_native"]) < 1, "on its codes turbo-4 archives from its first unit"
-    assert float(rows["view"]["held_vs_native"]) == 1, "96 tokens beside a view: held raw, as native holds them"
+    assert float(rows["view"]["held_vs_native"]) == 1, "512 tokens beside a view: held raw, as native holds them"
     assert rows["view"]["at_rest_bytes"] == rows["view"]["archive_bytes"]
     assert {p.name for p in charts.glob("*.html")} == {"memory-held.html", "memory-process-peak.html"}
