@@ -84,12 +84,15 @@ LABEL_OFFSETS = [(0, -30), (0, 30), (60, -24), (60, 24), (-60, -24), (-60, 24), 
                  (0, -80), (0, 80), (120, -70), (-120, -70), (120, 70), (-120, 70),
                  (0, -110), (0, 110), (170, 0), (-170, 0), (160, -100), (-160, -100)]  # pixels, nearest first
 LABEL_CHAR_PX, LABEL_HEIGHT_PX, MARKER_PX = 9.0, 24.0, 18.0  # a 14 px label's character and line (with room), a marker
+LABEL_MARGIN_PX = 12.0  # rendered boxes differ from the estimate: a clear place keeps this much more room
 
 
 def place_labels(xs: list[float], ys: list[float], labels: list[str], x_range: tuple[float, float],
-                 y_range: tuple[float, float], width: float = 1200, height: float = 300) -> list[tuple[int, int]]:
+                 y_range: tuple[float, float], width: float = 1200,
+                 height: float = 300) -> list[tuple[int, int] | None]:
     """A label offset per point (pixels), chosen greedily so no label box covers another label, a marker or
-    the plot's edge (the nearest such offset; the least covered one when none is clear).
+    the plot's edge (the nearest such offset); None where no offset is clear: on a crowded chart that point is
+    named by its hover and its family's legend entry instead of a label over another.
 
     The boxes are estimated from the text (LABEL_CHAR_PX per character) on a plot area of width x height
     pixels showing x_range x y_range: the app's full-width chart.
@@ -111,12 +114,15 @@ def place_labels(xs: list[float], ys: list[float], labels: list[str], x_range: t
         w = LABEL_CHAR_PX * len(label) + 12
 
         def cost(offset, px=px, py=py, w=w) -> float:
-            rect = box(px + offset[0], py + offset[1], w, LABEL_HEIGHT_PX)
+            rect = box(px + offset[0], py + offset[1], w + LABEL_MARGIN_PX, LABEL_HEIGHT_PX + LABEL_MARGIN_PX)
             outside = (max(0.0, -rect[0]) + max(0.0, rect[2] - width) + max(0.0, -rect[1])
                        + max(0.0, rect[3] - height)) * LABEL_HEIGHT_PX
             return sum(covered(rect, other) for other in taken) + outside
 
         best = min(LABEL_OFFSETS, key=cost)  # min keeps the first (nearest) of equally clear offsets
+        if cost(best) > 0:
+            offsets.append(None)
+            continue
         offsets.append(best)
         taken.append(box(px + best[0], py + best[1], w, LABEL_HEIGHT_PX))
     return offsets
@@ -176,7 +182,10 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
     x_range = (x_low - 0.06 * (x_high - x_low), x_high + 0.06 * (x_high - x_low))
     # llama.cpp's rows by their KV type alone ("q4_0"): the legend names the engine, and short labels find room
     labels = [r["tier"].removeprefix("llamacpp-") + (f" ({y:.3g})" if y > y_cap else "") for r, y in zip(rows, ys)]
-    for i, (ax, ay) in enumerate(place_labels(xs, shown, labels, x_range, y_range)):
+    for i, offset in enumerate(place_labels(xs, shown, labels, x_range, y_range)):
+        if offset is None:
+            continue
+        ax, ay = offset
         fig.add_annotation(x=xs[i], y=shown[i], text=labels[i], ax=ax, ay=ay, showarrow=True, arrowhead=0,
                            arrowwidth=1, arrowcolor="#9ca3af", font=dict(size=14))
     fig.add_hline(y=0, line=dict(color=NATIVE_COLOR, width=1))
