@@ -314,22 +314,13 @@ def _plain_codec_layer(tier: Tier, materialization_free: bool | None, calibratio
     short_view = materialization_free is None  # the cache's own choice: a short context's decode steps on a view
     if materialization_free is None:
         materialization_free = view_reason(tier) is None
-    if tier.key is None and tier.joint is None:  # a press alone: raw tokens, read as they are
-        def press_layer(index: int) -> CodecLayer:
-            kind, kwargs = layer_types[index], layer_kwargs[index]
-            window = kwargs.get("sliding_window") if kind in WINDOWED else None
-            if kind in HYBRID:
-                return HybridCodecLayer(tier, raw_until, window, number_of_states=kwargs.get("number_of_states", 1))
-            return CodecLayer(tier, raw_until, window)
-
-        return press_layer
     if tier.joint is None:
         def per_tensor_layer(index: int) -> CodecLayer:
             kind, kwargs = layer_types[index], layer_kwargs[index]
             layer_tier = tier if scales is None else scales.tier_at(tier, index)
             window = kwargs.get("sliding_window") if kind in WINDOWED else None
             extra = {"number_of_states": kwargs.get("number_of_states", 1)} if kind in HYBRID else {}
-            if materialization_free:
+            if materialization_free and tier.key is not None:  # a press alone keeps raw tokens: nothing coded
                 cls = HybridCodedLayer if kind in HYBRID else CodedLayer
                 return cls(layer_tier, short_view, raw_until, window, **extra)
             return (HybridCodecLayer if kind in HYBRID else CodecLayer)(layer_tier, raw_until, window, **extra)
