@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from codeckv.measure.peers import PEER_NAMES, run_for
     from codeckv.measure.quality import as_dicts, measure_quality
-    from codeckv.measure.table import format_table, merge_rows, write_csv
+    from codeckv.measure.table import format_table, merge_rows, numbers, write_csv
     from codeckv.tiers import TIERS, pca_tier
 
     tiers = [run_for(name) for name in args.tiers or [*TIERS, *PEER_NAMES]]
@@ -58,11 +58,13 @@ def run(args: argparse.Namespace) -> None:
     suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
     stem = f"quality-{file_stem(loaded.info.name)}{suffix}"
     out = Path(args.out or f"out/{stem}.csv")
-    if args.update and out.exists():
+    merged = args.update and out.exists()
+    if merged:
         _check_same_native(out, rows)
         rows = merge_rows(out, rows, [*TIERS, *PEER_NAMES], same=("source", "windows", "tokens_per_window"))
     written = write_csv(rows, out)  # before the charts: numbers never hang on figures
-    paths = write_figures(lambda figures: figures.quality_figures(result), Path(args.charts or f"out/{stem}"))
+    points = [numbers(row) for row in rows] if merged else None  # the Pareto charts show the whole table
+    paths = write_figures(lambda figures: figures.quality_figures(result, points), Path(args.charts or f"out/{stem}"))
     print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
 
 

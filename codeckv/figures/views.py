@@ -29,13 +29,17 @@ def token_kld_figure(result: Sweep | QualityRun, tier: str) -> go.Figure:
     return plots.token_kld_figure(cmp.token_kld, cmp.scored_tokens, tier)
 
 
-def quality_figures(run: QualityRun) -> dict[str, go.Figure]:
-    """Storage vs KLD and vs ΔNLL with error bars over windows, and the per-token KLD of the worst tier."""
+def quality_figures(run: QualityRun, rows: list[dict] | None = None) -> dict[str, go.Figure]:
+    """Storage vs KLD and vs ΔNLL with error bars over windows, and the per-token KLD of the worst tier.
+
+    `rows`: the Pareto charts' points when they are more than this run's (`quality --update`: the merged table).
+    """
     row = run.rows[0]
     where = f"{row.windows} × {row.tokens_per_window} tokens of {row.source}"
+    points = rows if rows is not None else run.rows
     return {
-        "pareto_kld": plots.pareto_figure(run.rows, "kld", title=f"Storage vs KL divergence ({where})"),
-        "pareto_nll": plots.pareto_figure(run.rows, "delta_nll_pct", title=f"Storage vs ΔNLL ({where})"),
+        "pareto_kld": plots.pareto_figure(points, "kld", title=f"Storage vs KL divergence ({where})"),
+        "pareto_nll": plots.pareto_figure(points, "delta_nll_pct", title=f"Storage vs ΔNLL ({where})"),
         "token_kld": token_kld_figure(run, worst_tier(run)),
     }
 

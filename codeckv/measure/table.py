@@ -49,6 +49,22 @@ def merge_rows(path: str | Path, rows: list[dict], order: list[str], key: str = 
     return [merged[name] for name in names]
 
 
+def numbers(row: dict) -> dict:
+    """A row read back from a CSV with its numeric cells as floats (text stays text; an empty cell is nan)."""
+    return {column: _number(value) for column, value in row.items()}
+
+
+def _number(value):
+    if not isinstance(value, str):
+        return value
+    if value == "":
+        return math.nan
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 def write_json(payload, path: str | Path) -> Path:
     """Strict JSON: inf and nan (e.g. the PSNR of a lossless tier) become null."""
     path = Path(path)

@@ -100,6 +100,7 @@ def test_quality_update_replaces_and_adds_rows_of_the_same_native_run(tmp_path, 
     assert list(after) == ["native", "png", "int8", "turbo-4"], "every tier in TIERS' order"
     assert after["turbo-4"] == before["turbo-4"] and float(after["png"]["kld"]) == 0.0
     assert float(after["int8"]["kld"]) == pytest.approx(float(before["int8"]["kld"]), rel=1e-3, abs=1e-7)
+    assert '"turbo-4"' in (tmp_path / "c" / "pareto_kld.html").read_text(), "the Pareto chart shows the whole table"
     assert main(["quality", "--tiers", "int8", "--update", "--source", "bible", *small]) == 1
     assert "was not measured against this native run" in capsys.readouterr().err
     assert list(csv.DictReader(out.open()))[3]["tier"] == "turbo-4", "a refused update leaves the CSV as it was"
