@@ -26,7 +26,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from codeckv.cache.coded_layer import TAG
-from codeckv.cache.layers import PRESS_TAG
+from codeckv.cache.pressed_layer import PRESS_TAG
 from codeckv.cache.stacked import STACK_TAG
 
 ATTENTION = "codeckv"  # the attn_implementation name

@@ -15,7 +15,8 @@ import torch
 from codeckv.cache.archive import Archive
 from codeckv.cache.footprint import LayerFootprint
 from codeckv.cache.kernel_ops import Coded, Raw, Segment, attention_compiled, decode, decode_attention
-from codeckv.cache.layers import SHORT_VIEW_TOKENS, CodecLayer, RawTokens, gather_tokens
+from codeckv.cache.layers import SHORT_VIEW_TOKENS, CodecLayer, RawTokens
+from codeckv.cache.pressed_layer import gather_tokens
 from codeckv.codecs.base import Encoded, slice_encoded
 from codeckv.tiers import Tier
 
@@ -48,10 +49,7 @@ class CodedLayer(CodecLayer):
     def _reset_state(self) -> None:
         self.length = 0  # tokens seen, less those a press evicted: where the next one is stored
         self.first = 0  # position of the first token held (a sliding window dropped the ones before it)
-        self.evicted = 0  # tokens a press evicted
-        self._pressable = 0  # the prefill chunk just taken, which its press evicts from after its attention
-        self._positions: torch.Tensor | None = None  # (B, H, held) position of each held token, once a press evicted
-        self._queries: torch.Tensor | None = None  # a budget's last queries (never set: a budget presses raw tokens)
+        self._reset_press()  # (a budget presses raw tokens only: its queries are never kept here)
         self._hidden = 0  # held tokens at the front that the current forward's queries do not see (a window)
         self.archived_upto = self.tier.keep_first  # tokens [archive_start, archived_upto) are archived
         self.archive_k, self.archive_v = Archive(tight=True), Archive(tight=True)

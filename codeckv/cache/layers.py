@@ -53,20 +53,12 @@ from codeckv.cache.archive import Archive, grown_capacity
 from codeckv.cache.flush import flush_layers
 from codeckv.cache.footprint import LayerFootprint
 from codeckv.cache.kernel_ops import decode
+from codeckv.cache.pressed_layer import PressedLayer, gather_tokens
 from codeckv.codecs.base import Codec, Encoded
-from codeckv.presses import Budget, keep_indices
 from codeckv.tiers import Tier
 
 MIN_ARCHIVE_TOKENS = 8
 SHORT_VIEW_TOKENS = 2048  # a short context (module docstring): a layer that would read a view holds it raw up to here
-
-
-PRESS_TAG = "codeckv_press"  # attribute of the keys a pressing layer returns (codeckv.cache.attention reads it)
-
-
-def gather_tokens(tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """tokens (B, H, t, D) at positions keep (B, H, k) of each head: (B, H, k, D)."""
-    return tokens.gather(2, keep[..., None].expand(-1, -1, -1, tokens.shape[3]))
 
 
 def check_window(window: int | None) -> None:
@@ -115,8 +107,9 @@ class RawTokens:
         return b * h * (d + self.sink_values.shape[3])
 
 
-class CodecLayer(DynamicLayer):
-    """One full-attention layer whose KV goes through `tier`'s key and value codecs."""
+class CodecLayer(PressedLayer, DynamicLayer):
+    """One full-attention layer whose KV goes through `tier`'s key and value codecs (or a press alone's raw kept
+    tokens: cache/pressed_layer.py)."""
 
     is_compileable = False
     is_croppable = True
@@ -188,10 +181,7 @@ class CodecLayer(DynamicLayer):
     def _reset_state(self) -> None:
         self.length = 0  # tokens seen, less those a press evicted: where the next one is stored
         self.first = 0  # position of the first token held (a sliding window dropped the ones before it)
-        self.evicted = 0  # tokens a press evicted (the positions of the next tokens are length + evicted)
-        self._pressable = 0  # the prefill chunk just taken, which its press evicts from after its attention
-        self._positions: torch.Tensor | None = None  # (B, H, held) position of each held token, once a press evicted
-        self._queries: torch.Tensor | None = None  # (B, Hq, q, D) a budget's last queries (Press.queries_read)
+        self._reset_press()
         self.archived_upto = self.tier.keep_first  # tokens [archive_start, archived_upto) are archived
         self.archive_k, self.archive_v = Archive(), Archive()
         self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
@@ -222,54 +212,6 @@ class CodecLayer(DynamicLayer):
         self.length += new
         self.keys, self.values = self._view_k[:, :, : self.held], self._view_v[:, :, : self.held]
         return self._pressed_after(new, self.keys[:, :, visible:], self.values[:, :, visible:])
-
-    def _pressed_after(self, new: int, keys: torch.Tensor, values: torch.Tensor):
-        """keys, values; tagged with this layer (PRESS_TAG) for codeckv's attention to call press() after attending,
-        when its tier's press evicts from a prefill chunk of `new` tokens (codeckv/presses/base.py)."""
-        if self._positions is not None:  # the new tokens' positions follow every token seen
-            b, h, _ = self._positions.shape
-            seen = self.length + self.evicted
-            fresh = torch.arange(seen - new, seen, device=self._positions.device).expand(b, h, new)
-            self._positions = torch.cat([self._positions, fresh], dim=2)
-        budget = isinstance(self.tier.press, Budget)  # a budget sees every step's queries: it keeps the last ones
-        self._pressable = new if self.tier.press is not None and (new > 1 or budget) and self.window is None else 0
-        if self._pressable:
-            setattr(keys, PRESS_TAG, self)
-        return keys, values
-
-    @torch.inference_mode()
-    def press(self, queries: torch.Tensor) -> None:
-        """Evict the tier's press's share of the prefill chunk just attended to (queries (B, Hq, T, D), the chunk's):
-        its raw tokens after the sinks, the same count in every KV head (codeckv/presses/base.py)."""
-        chunk, self._pressable = self._pressable, 0
-        keep_count = None
-        if isinstance(self.tier.press, Budget):  # every token held is scored, with the last queries kept
-            wanted = self.tier.press.queries_read
-            recent = queries if self._queries is None else torch.cat([self._queries, queries], dim=2)
-            self._queries = recent[:, :, recent.shape[2] - wanted :].clone() if wanted else None
-            if not self.tier.press.over(self.held, chunk):
-                return
-            chunk, queries = self.held, recent
-            keep_count = self.tier.press.tokens - min(self.length, self.tier.keep_first)  # the sinks stay
-        keys, values = self._chunk(chunk)
-        tokens = keys.shape[2]
-        if tokens < 2:
-            return
-        keep = keep_indices(self.tier.press, keys, values, queries[:, :, -tokens:], keep_count)  # (B, H, k)
-        positions = self.positions()
-        start = positions.shape[2] - tokens
-        self._positions = torch.cat([positions[:, :, :start], positions[:, :, start:].gather(2, keep)], dim=2)
-        self._keep(tokens, keep)
-        self.length -= tokens - keep.shape[2]
-        self.evicted += tokens - keep.shape[2]
-        self._held_changed()
-
-    def positions(self) -> torch.Tensor:
-        """(B, H, held) the position of every held token of each head, in order (a press's kept ones)."""
-        if self._positions is not None:
-            return self._positions
-        b, h = self.keys.shape[:2]
-        return torch.arange(self.first, self.first + self.held, device=self.device).expand(b, h, self.held)
 
     def _chunk(self, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The last `chunk` tokens held, less any sinks among them: (B, H, t, D) keys and values (views)."""
@@ -485,10 +427,6 @@ class CodecLayer(DynamicLayer):
         if self._view_k is not None:
             held += (self._view_k.numel() + self._view_v.numel()) * self._view_k.element_size()
         return held + self._press_bytes()
-
-    def _press_bytes(self) -> int:
-        """What a press keeps beside the tokens: each kept token's position, a budget's last queries."""
-        return sum(t.numel() * t.element_size() for t in (self._positions, self._queries) if t is not None)
 
     def _raw_tokens(self) -> RawTokens:
         """The sinks and the raw tail as exact-size tensors (copies from the view, or those kept at rest)."""

@@ -97,8 +97,7 @@ class PCALayer(CodecLayer):
     def _reset_state(self) -> None:
         self.length = 0  # tokens held
         self.first = 0  # a PCA layer is never a sliding window's: it holds every token from position 0
-        self.evicted = self._pressable = 0  # nor does a press evict from it (codeckv/tiers.py refuses one)
-        self._positions = self._queries = None
+        self._reset_press()  # nor does a press evict from it (codeckv/tiers.py refuses one)
         self.archived_upto = self.tier.keep_first  # tokens [keep_first, archived_upto) are archived
         self.chunks: list[Chunk] = []  # one per `unit` archived tokens, in order
         self._view_k: torch.Tensor | None = None  # (B, H, capacity, D): sinks, decoded archive, raw tail
