@@ -8,7 +8,15 @@ Per figure (each `.js-plotly-plot` that is displayed), from the boxes the browse
 - no two of the titles, axis titles, annotations, legends and colorbars overlap;
 - no axis title, annotation or legend covers a tick label;
 - the tick labels of one axis do not overlap each other.
+
+The browser: headless Debian Chromium at CHROMIUM with FLAGS (design.md), never `playwright install`.
 """
+
+from pathlib import Path
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run"]
 
 CHECK = r"""
 (root) => {

@@ -12,13 +12,10 @@ from pathlib import Path
 import pytest
 
 from codeckv.tiers import TIERS
-from tests.figure_layout import figure_layout_problems
+from tests.figure_layout import CHROMIUM, FLAGS, figure_layout_problems
 
 playwright = pytest.importorskip("playwright.sync_api")
-CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parents[2] / "assets" / "screenshots"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run"]
 SWEPT = ("png", "int8", "rotated-4", "turbo-4", "jpeg-k2")  # a spread of the frontier, in CI-sized time
 
 pytestmark = [

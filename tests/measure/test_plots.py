@@ -14,10 +14,9 @@ from codeckv.measure.inspection import inspect_capture
 from codeckv.measure.needle import NeedleGrid, NeedleRow
 from codeckv.measure.peers import PEERS
 from codeckv.tiers import TIERS
-from tests.figure_layout import figure_layout_problems
+from tests.figure_layout import CHROMIUM, FLAGS, figure_layout_problems
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
-CHROMIUM = Path("/usr/bin/chromium")
 FULL, HALF = 1330, 650  # the width of a full-row and a half-row gr.Plot at the browser test's 1400 px viewport
 
 
@@ -123,8 +122,7 @@ def test_every_figure_reads_cleanly_at_the_apps_sizes(swept, view):
     plotly_js = (Path(plots.go.__file__).parents[1] / "package_data" / "plotly.min.js").read_text()
     problems = {}
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"],
-                                    headless=True)
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_content(f"<html><body><script>{plotly_js}</script></body></html>")
         for name, (fig, width) in _drawn_figures(swept, view).items():
