@@ -1,5 +1,6 @@
 """Where a chart's point labels go: a greedy placement that keeps every label clear of the others, the markers
-and the plot's edge, or leaves the label out (the Pareto chart, codeckv/figures/plots.py)."""
+and the plot's edge, or leaves the label out; and how many rows its legend takes (the Pareto chart,
+codeckv/figures/plots.py, drawn with a plot area of PLOT_AREA_PX so that the placement's pixels are the drawn ones)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,27 @@ LABEL_OFFSETS = [(0, -30), (0, 30), (60, -24), (60, 24), (-60, -24), (-60, 24), 
                  (0, -110), (0, 110), (170, 0), (-170, 0), (160, -100), (-160, -100)]  # pixels, nearest first
 LABEL_CHAR_PX, LABEL_HEIGHT_PX, MARKER_PX = 9.0, 24.0, 18.0  # a 14 px label's character and line (with room), a marker
 LABEL_MARGIN_PX = 12.0  # rendered boxes differ from the estimate: a clear place keeps this much more room
+PLOT_AREA_PX = (1200, 420)  # the app's full-width chart: a 1330 px gr.Plot less the margins, and the drawn height
+LEGEND_CHAR_PX, LEGEND_ENTRY_PX = 8.5, 50.0  # a 16 px legend entry's character, and its symbol and gaps
+
+
+def legend_rows(names: list[str], width: float = PLOT_AREA_PX[0]) -> int:
+    """Rows a horizontal legend of these entries takes across `width` pixels: plotly wraps it into columns as wide
+    as its widest entry (estimated from the text)."""
+    widest = max((LEGEND_CHAR_PX * len(name) + LEGEND_ENTRY_PX for name in names), default=width)
+    columns = max(1, int(width // widest))
+    return -(-len(names) // columns)
 
 
 def place_labels(xs: list[float], ys: list[float], labels: list[str], x_range: tuple[float, float],
-                 y_range: tuple[float, float], width: float = 1200,
-                 height: float = 300) -> list[tuple[int, int] | None]:
+                 y_range: tuple[float, float], width: float = PLOT_AREA_PX[0],
+                 height: float = PLOT_AREA_PX[1]) -> list[tuple[int, int] | None]:
     """A label offset per point (pixels), chosen greedily so no label box covers another label, a marker or
     the plot's edge (the nearest such offset); None where no offset is clear: on a crowded chart that point is
     named by its hover and its family's legend entry instead of a label over another.
 
     The boxes are estimated from the text (LABEL_CHAR_PX per character) on a plot area of width x height
-    pixels showing x_range x y_range: the app's full-width chart.
+    pixels showing x_range x y_range (PLOT_AREA_PX: the app's full-width chart).
     """
     def pixels(x: float, y: float) -> tuple[float, float]:
         (x0, x1), (y0, y1) = x_range, y_range

@@ -100,6 +100,7 @@ def _drawn_figures(swept, view) -> dict[str, tuple]:
     """Every figure the app draws, with the width of its place in the app (inspect's halves are HALF)."""
     quality = _csv_rows("quality-smollm2-135m.csv")  # every tier and the peers, from one command
     assert any(row["tier"] in PEERS for row in quality)
+    where = "4 × 512 tokens of corpus"  # the titles quality_figures gives them
     layers = view.channels.key_share.shape[0]
     with_bits = dataclasses.replace(view.channels, bits={i: torch.linspace(8, 0, 150) for i in range(layers)})
     half = {"spectrum", "layer_errors", "var_ratio"}
@@ -108,8 +109,8 @@ def _drawn_figures(swept, view) -> dict[str, tuple]:
         **figures,
         "channel_spectrum": (plots.channel_spectrum_figure(view.channels), HALF),
         "channel_spectrum_pca": (plots.channel_spectrum_figure(with_bits), HALF),  # the PCA tiers' bits panel
-        "pareto_quality_kld": (plots.pareto_figure(quality, "kld", title="Storage vs KL divergence (4 × 512)"), FULL),
-        "pareto_quality_nll": (plots.pareto_figure(quality, "delta_nll_pct", title="Storage vs ΔNLL (4 × 512)"), FULL),
+        "pareto_quality_kld": (plots.pareto_figure(quality, "kld", title=f"Storage vs KL divergence ({where})"), FULL),
+        "pareto_quality_nll": (plots.pareto_figure(quality, "delta_nll_pct", title=f"Storage vs ΔNLL ({where})"), FULL),
         "needle": (plots.needle_figure(_needle_grid()), FULL),
         "memory": (plots.memory_figure(_csv_rows("memory-smollm2-135m.csv")), HALF),
     }
