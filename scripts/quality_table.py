@@ -4,6 +4,7 @@
     .venv/bin/python scripts/quality_table.py --full corpus     # one text's whole table (ΔNLL, Δp, the tails)
     .venv/bin/python scripts/quality_table.py --full bible --model qwen2.5-coder-0.5b
     .venv/bin/python scripts/quality_table.py --ratio       # Qwen's KLD over SmolLM2's, per tier and text
+    .venv/bin/python scripts/quality_table.py --tiers int8 turbo-4 fp8-e4m3   # the headline's rows of these only
 
 Reads assets/quality-<model>[-<source>].csv (written by `python -m codeckv quality [--source S] --out ...`) and
 prints Markdown. Rows keep the order of the corpus CSV; a source whose CSV is missing is left out.
@@ -32,18 +33,21 @@ def _num(row: dict, key: str) -> float:
 
 
 def _kld(value: float) -> str:
-    return f"{value:.4f}" if value < 0.1 else f"{value:.3f}"
+    if value == 0:
+        return "0"
+    return f"{value:.6f}" if value < 0.001 else f"{value:.4f}" if value < 0.1 else f"{value:.3f}"
 
 
 def _name(row: dict) -> str:
     return f"`{row['tier']}`" + ("" if row.get("reference", "native") == "native" else " †")
 
 
-def headline(models: list[str]) -> str:
-    """Every row of the models' corpus CSVs (the first model's order), what it stores, and per model its KLD on each
-    text and its top-1 on the Bible (the text furthest from every calibration)."""
+def headline(models: list[str], tiers: list[str] | None = None) -> str:
+    """Every row of the models' corpus CSVs (the first model's order), or those of `tiers`, what it stores, and per
+    model its KLD on each text and its top-1 on the Bible (the text furthest from every calibration)."""
     texts = {m: {s: rows for s in SOURCES if (rows := _rows(m, s))} for m in models}
     order = list(dict.fromkeys(tier for m in models for rows in texts[m].values() for tier in rows))
+    order = [tier for tier in order if tiers is None or tier in tiers]
     head = ["cache", "stores (vs bf16)"]
     for model in models:
         name = SHORT.get(model, model)
@@ -98,8 +102,12 @@ def main() -> None:
                         help="models (the headline: each beside the others; --full: the first)")
     parser.add_argument("--full", choices=list(SOURCES), help="one text's whole table instead of the headline")
     parser.add_argument("--ratio", action="store_true", help="the second model's KLD over the first's, per text")
+    parser.add_argument("--tiers", nargs="+", help="the headline's rows of these caches only")
     args = parser.parse_args()
-    print(ratios(args.model) if args.ratio else full(args.model[0], args.full) if args.full else headline(args.model))
+    if args.ratio:
+        print(ratios(args.model))
+    else:
+        print(full(args.model[0], args.full) if args.full else headline(args.model, args.tiers))
 
 
 if __name__ == "__main__":
