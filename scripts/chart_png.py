@@ -1,7 +1,12 @@
-"""A chart the CLI wrote (standalone HTML, plotly.js embedded) as a PNG, shot with headless Debian Chromium.
+"""A chart the CLI wrote (standalone HTML, plotly.js embedded), or the Pareto chart of a quality CSV, as a PNG shot
+with headless Debian Chromium.
 
-    PYTHONPATH=. .venv/bin/python scripts/chart_png.py out/quality-smollm2-135m/pareto_kld.html \
+    PYTHONPATH=. .venv/bin/python scripts/chart_png.py out/quality-smollm2-135m/pareto_kld.html out/pareto.png
+    PYTHONPATH=. .venv/bin/python scripts/chart_png.py assets/quality-smollm2-135m.csv \
         assets/screenshots/pareto-smollm2-135m.png
+
+A CSV (written by `python -m codeckv quality --out assets/quality-<model>[-<source>].csv`) is drawn as the quality
+command draws its storage-vs-KLD chart (codeckv.figures.plots.pareto_figure), titled with the model its name gives.
 
 Fails (exit 1, the PNG still written) when the drawn figure has a layout problem a reader would trip on: a label
 cut off at the edge, two labels on top of each other (tests/figure_layout.py, the browser tests' check).
@@ -11,27 +16,45 @@ Chromium and playwright come with `scripts/setup.sh --dev`.
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
+import tempfile
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
+from codeckv.figures.plots import pareto_figure
+from codeckv.measure.table import numbers
 from tests.figure_layout import CHROMIUM, FLAGS, figure_layout_problems
+
+
+def pareto_html(table: Path, out: Path) -> Path:
+    """The storage-vs-KLD chart of a quality CSV as standalone HTML at `out`, its title naming the model."""
+    rows = [numbers(row) for row in csv.DictReader(table.open(newline=""))]
+    first = rows[0]
+    model = table.stem.removeprefix("quality-").removesuffix(f"-{first['source']}")
+    where = f"{int(first['windows'])} × {int(first['tokens_per_window'])} tokens of {first['source']}"
+    pareto_figure(rows, "kld", title=f"{model}: storage vs KL divergence ({where})").write_html(
+        out, include_plotlyjs=True)
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("html", type=Path, help="a chart the CLI wrote")
+    parser.add_argument("chart", type=Path, help="a chart the CLI wrote (.html) or a quality CSV (.csv)")
     parser.add_argument("png", type=Path, help="where the screenshot goes")
     parser.add_argument("--width", type=int, default=1400, help="viewport width in pixels (default 1400)")
     parser.add_argument("--height", type=int, default=900, help="viewport height in pixels (default 900)")
     args = parser.parse_args()
-    if not args.html.is_file():
-        parser.error(f"{args.html}: no such file")
+    if not args.chart.is_file():
+        parser.error(f"{args.chart}: no such file")
+    html = args.chart
+    if args.chart.suffix == ".csv":
+        html = pareto_html(args.chart, Path(tempfile.mkdtemp()) / "pareto_kld.html")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
         page = browser.new_page(viewport={"width": args.width, "height": args.height})
-        page.goto(args.html.resolve().as_uri())
+        page.goto(html.resolve().as_uri())
         page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
         args.png.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(args.png), full_page=True)
