@@ -144,13 +144,13 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
     fig.add_vline(x=1, line=dict(color=NATIVE_COLOR, width=1, dash="dash"), annotation_text="bf16 native")
     fig.update_yaxes(range=list(y_range))
     fig.update_xaxes(range=list(x_range))
-    # the legend's rows sit between the title (pinned to the top) and the plot; the plot area is PLOT_AREA_PX high,
-    # the height the labels were placed for
-    top = max(80, 60 + 30 * legend_rows(["Pareto front", *(name for name, _ in groups)]))
+    # the legend's rows sit between the title (pinned 30 px from the top, below the app's plot label) and the plot;
+    # the plot area is PLOT_AREA_PX high, the height the labels were placed for
+    top = 70 + 30 * legend_rows(["Pareto front", *(name for name, _ in groups)])
     fig.update_layout(showlegend=len(groups) > 1, legend=dict(orientation="h", x=0, xanchor="left", y=1.02,
                                                              yanchor="bottom"),
                       height=PLOT_AREA_PX[1] + top + 70, margin=dict(t=top, b=70),
-                      title=dict(y=1, yref="container", yanchor="top", pad=dict(t=10)))
+                      title=dict(y=1, yref="container", yanchor="top", pad=dict(t=30)))
     return themed(fig, title, "KV archive bytes / bf16 cache bytes (×)", axis_title)
 
 
