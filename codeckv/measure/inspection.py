@@ -33,6 +33,7 @@ from transformers import DynamicCache
 
 from codeckv.cache import make_cache
 from codeckv.cache.calibration import Calibration, budget_shares, calibration_for
+from codeckv.cache.kv_scales import KVScales, needs_scales
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
 from codeckv.cache.schedule import check_layers, codes_layer
@@ -193,7 +194,14 @@ def reconstruct(tier: Tier, keys: torch.Tensor, values: torch.Tensor, index: int
 
 
 def _coded(tier: Tier, keys: torch.Tensor, values: torch.Tensor, index: int, calibration) -> CodecLayer:
-    """A codec layer of the plain `tier` holding K, V (H, S, D) as a prefill leaves them, archived where it would."""
+    """A codec layer of the plain `tier` holding K, V (H, S, D) as a prefill leaves them, archived where it would
+    (an FP8 tier with calibrated scales takes layer `index`'s, from the KVScales among `calibration`)."""
+    if needs_scales(tier):
+        scales = [c for c in (calibration if isinstance(calibration, list) else [calibration])
+                  if isinstance(c, KVScales)]
+        if not scales:
+            raise ValueError(f"tier '{tier.name}' needs the model's FP8 scales (codeckv.cache.kv_scales.kv_scales)")
+        tier = scales[0].tier_at(tier, index)
     if tier.joint is not None:
         calibration = _calibration_of(calibration, tier)
     if tier.joint is None:

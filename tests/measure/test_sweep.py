@@ -34,3 +34,14 @@ def test_progress_reaches_the_total_monotonically(swept):
     _, calls = swept
     done = [d for d, _ in calls]
     assert done == sorted(done) and calls[-1][0] == calls[-1][1]
+
+
+def test_calibrated_fp8_scales_reach_the_psnr_of_each_layer(loaded):
+    from codeckv.measure.sweep import sweep
+    from codeckv.tiers import TIERS
+    from tests.measure.conftest import CHAT
+
+    result = sweep(loaded, CHAT, [TIERS["fp8-e4m3-cal"], TIERS["fp8-e4m3"]], max_new_tokens=4, stop_at_eos=False)
+    calibrated, static = result.rows
+    assert math.isfinite(calibrated.psnr_db) and math.isfinite(static.psnr_db)
+    assert calibrated.psnr_db != static.psnr_db, "each layer's calibrated scales, not the static 1.0"
