@@ -15,7 +15,8 @@ import torch
 from codeckv.cache.archive import Archive
 from codeckv.cache.footprint import LayerFootprint
 from codeckv.cache.kernel_ops import Coded, Raw, Segment, attention_compiled, decode, decode_attention
-from codeckv.cache.layers import SHORT_VIEW_TOKENS, CodecLayer, RawTokens
+from codeckv.cache.layer_rest import RawTokens
+from codeckv.cache.layers import SHORT_VIEW_TOKENS, CodecLayer
 from codeckv.cache.pressed_layer import gather_tokens
 from codeckv.codecs.base import Encoded, slice_encoded
 from codeckv.tiers import Tier

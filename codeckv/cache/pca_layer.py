@@ -27,7 +27,8 @@ from collections.abc import Callable
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from codeckv.cache.layers import MIN_ARCHIVE_TOKENS, CodecLayer, RawTokens, view_raw_until
+from codeckv.cache.layer_rest import RawTokens
+from codeckv.cache.layers import MIN_ARCHIVE_TOKENS, CodecLayer, view_raw_until
 from codeckv.codecs.base import Encoded
 from codeckv.codecs.pca import Chunk, LayerCoder, archive_layers, spent
 from codeckv.tiers import Tier
