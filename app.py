@@ -133,8 +133,7 @@ def resume_chat(upload, model_name, session):
 
 def clear_chat(session):
     """Forget the conversation and release both caches."""
-    if isinstance(session, ChatSession):
-        end_session(session)
+    end_session(session)
     release_memory()
     return [], [], "", "", session
 
@@ -242,12 +241,6 @@ def advanced_settings():
     return [custom, block, k, bits, value_bits, group, rotation, keep_first, keep_recent, per_layer]
 
 
-def release_session(session) -> None:
-    """The browser tab closed (or the session expired): drop its caches."""
-    if isinstance(session, ChatSession):
-        end_session(session)
-
-
 MODELS = POOL.allowed() or [DEFAULT_MODEL]
 TIER_INFO = "the PCA tiers are calibrated once per model, in the background"
 PREPARATION_TICK_SECONDS = 2
@@ -270,7 +263,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         model_info = gr.Markdown()
 
     with gr.Tab("Chat"):
-        session = gr.State(None, time_to_live=3600, delete_callback=release_session)
+        session = gr.State(None, time_to_live=3600, delete_callback=end_session)  # closed tab, expired session
         with gr.Row():
             tier_name = gr.Dropdown(CODEC_TIERS, value="turbo-4", label="codec tier", scale=2, info=TIER_INFO)
             max_tokens = gr.Slider(8, LIMITS.max_new_tokens, value=min(96, LIMITS.max_new_tokens), step=8,

@@ -214,8 +214,11 @@ def chat_stop(session: ChatSession) -> tuple[list, list, str, str]:
     return native, codec, stopped_markdown(last, "native"), stopped_markdown(last, "codec")
 
 
-def end_session(session: ChatSession) -> None:
-    """Forget a conversation (Clear, a closed tab, an expired session): both caches released, off the idle list."""
+def end_session(session: ChatSession | None) -> None:
+    """Forget a conversation (Clear, a closed tab, an expired session): both caches released, off the idle list.
+    A tab that never chatted holds None: nothing to forget."""
+    if not isinstance(session, ChatSession):
+        return
     session.clear()
     IDLE.forget(session)
 
