@@ -19,6 +19,7 @@ from codeckv.measure.needle import as_dicts as needle_dicts
 from codeckv.measure.peers import PEER_NAMES, PEERS, absent_reason
 from codeckv.measure.table import write_csv
 from codeckv.models import DEFAULT_MODEL
+from codeckv.presses import PRESS_MODES
 from codeckv.serve.formatting import (
     model_markdown,
 )
@@ -182,13 +183,14 @@ def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens,
 
 @gpu(duration=LONG_GPU_SECONDS)
 @guarded
-def run_needle(lengths, depths, tiers, model_name, stop=None, progress=gr.Progress()):  # noqa: B008
+def run_needle(lengths, depths, tiers, model_name, press_mode="once", stop=None, progress=gr.Progress()):  # noqa: B008
     """Pass-key retrieval of native and every chosen tier over prompt lengths and key depths."""
     needle_cells(lengths, depths)  # refused before a model is touched
+    one_of(press_mode, "press protocol", PRESS_MODES)
     report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
     try:
         with POOL.lease(model_name) as loaded:
-            grid = needle_request(loaded, lengths, depths, tiers, report, stop=fresh_stop(stop))
+            grid = needle_request(loaded, lengths, depths, tiers, report, stop=fresh_stop(stop), press_mode=press_mode)
     finally:
         release_memory()
     path = write_csv(needle_dicts(grid.rows), REPORTS.fresh() / "needle.csv")
@@ -367,6 +369,9 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             needle_depths = gr.CheckboxGroup(list(NEEDLE_DEPTHS), value=["0%", "50%", "100%"], label="depth of the key")
         needle_tiers = gr.CheckboxGroup([*CODEC_TIERS, *PEER_NAMES], value=["turbo-4", "jpeg-k2"],
                                         label="tiers and peers (beside native)")
+        needle_protocol = gr.Radio(list(PRESS_MODES), value="once", label="press protocol",
+                                   info="once: the context pressed once after its prefill, the question not (kvpress); "
+                                        "chunked: every prefill chunk pressed as it arrives (memory-bounded)")
         with gr.Row():
             needle_button = gr.Button("Run needle test", variant="primary", scale=4)
             needle_stop = gr.Button("Stop", scale=1)
@@ -429,7 +434,8 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     )
     sweep_metric.change(sweep_pareto, [sweep_state, sweep_metric], pareto, api_name=False)
     kld_tier.change(sweep_token_kld, [sweep_state, kld_tier], token_kld, api_name=False)
-    needle_button.click(run_needle, [needle_lengths, needle_depths, needle_tiers, model_name, stop_flag],
+    needle_button.click(run_needle, [needle_lengths, needle_depths, needle_tiers, model_name, needle_protocol,
+                                     stop_flag],
                         [needle_plot, needle_answers, needle_csv], api_name="needle")
     memory_button.click(run_memory, [memory_contexts, memory_tiers, memory_tokens, model_name, stop_flag],
                         [memory_held, memory_peak, memory_rows, memory_csv], api_name="memory")

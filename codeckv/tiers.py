@@ -41,15 +41,7 @@ from codeckv.codecs.lloyd_max import LloydMaxQuant
 from codeckv.codecs.pca import JointPCA
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rotation import Rotation
-from codeckv.presses import (
-    Budget,
-    ExpectedAttentionPress,
-    KnormPress,
-    Press,
-    SnapKVPress,
-    StreamingLLMPress,
-    TOVAPress,
-)
+from codeckv.presses import PRESSES, RATIOS, Budget, Press, SnapKVPress, StreamingLLMPress, TOVAPress
 
 MAX_RAW_TOKENS = 1 << 20  # keep_first / keep_recent at most: far past any context a cache here holds
 
@@ -167,10 +159,26 @@ def _pca(name: str, bits_per_element: float) -> Tier:
     )
 
 
+# press name -> what it keeps, in the tiers' descriptions (codeckv/presses: each as kvpress 0.5.5's press of the name)
+PRESS_METHODS = {
+    "streamingllm": "StreamingLLM (4 sinks + the newest tokens)",
+    "snapkv": "SnapKV (attention of the last 64 queries, pooled)",
+    "knorm": "Key norm (the smallest keys)",
+    "tova": "TOVA (attention of the last query, all heads)",
+    "expected": "Expected attention (of the coming queries; 4 sinks)",
+}
+
+
+def ratio_tag(ratio: float) -> str:
+    """A share evicted as a tier name's suffix: 0.25 -> "25", 0.875 -> "875"."""
+    return f"{ratio * 100:g}".replace(".", "")
+
+
 def _press(name: str, press: Press, how: str) -> Tier:
-    """A press alone: it evicts `press.ratio` of each prefill chunk's tokens, the kept ones stay raw."""
-    return Tier(name, f"{how}: evicts {press.ratio:.0%} of each prefill chunk's tokens, keeps the rest raw",
-                press=press, max_rel_error=0.0)
+    """A press alone: it evicts `press.ratio` of the prefill's tokens (make_cache's press_mode says when), the kept
+    ones stay raw."""
+    return Tier(name, f"{how}: evicts {press.ratio:.1%} of the prefill's tokens, keeps the rest raw".replace(
+        ".0%", "%"), press=press, max_rel_error=0.0)
 
 
 def _budget(name: str, press: Press, how: str, tokens: int = 256) -> Tier:
@@ -294,14 +302,8 @@ TIERS: dict[str, Tier] = _tiers(
     _turbo("turbo-4", key_bits=4, value_bits=4, max_rel_error=0.09),
     _turbo("turbo-3", key_bits=3, value_bits=3, max_rel_error=0.18),
     _turbo("turbo-k4v2", key_bits=4, value_bits=2, max_rel_error=0.35),
-    *(_press(f"streamingllm-{r}", StreamingLLMPress(r / 100), "StreamingLLM (4 sinks + the newest tokens)")
-      for r in (50, 75)),
-    *(_press(f"snapkv-{r}", SnapKVPress(r / 100), "SnapKV (attention of the last 64 queries, pooled)")
-      for r in (50, 75)),
-    *(_press(f"knorm-{r}", KnormPress(r / 100), "Key norm (the smallest keys)") for r in (50, 75)),
-    *(_press(f"tova-{r}", TOVAPress(r / 100), "TOVA (attention of the last query)") for r in (50, 75)),
-    *(_press(f"expected-{r}", ExpectedAttentionPress(r / 100), "Expected attention (of the coming queries)")
-      for r in (50, 75)),
+    *(_press(f"{name}-{ratio_tag(ratio)}", PRESSES[name](ratio), how) for name, how in PRESS_METHODS.items()
+      for ratio in RATIOS),
     _budget("streamingllm-budget256", StreamingLLMPress(), "StreamingLLM (4 sinks + the newest tokens)"),
     _budget("tova-budget256", TOVAPress(), "TOVA (attention of the last query)"),
     _budget("snapkv-budget256", SnapKVPress(), "SnapKV (attention of the last 64 queries, pooled)"),
@@ -314,6 +316,7 @@ TIERS: dict[str, Tier] = _tiers(
 
 TIERS.update({t.name: t for t in (compose(TIERS["snapkv-50"], TIERS["turbo-4"]),
                                    compose(TIERS["snapkv-75"], TIERS["turbo-4"]))})  # the two families together
+# (any other press+codec pair, "snapkv-875+turbo-4" say, is composed on request: get_tier)
 
 
 def get_tier(name: str) -> Tier:

@@ -16,9 +16,16 @@ A layer whose tier has a press (codeckv/presses) evicts from each prefill chunk 
 attention read it (CodecLayer.press: the chunk's queries score its tokens).
 A StackedCache (codeckv/cache/stacked.py) tags its keys with its members' outputs: each member's rows of
 the batch attend to that member's keys alone, by the same rules.
+Inside `with captured_queries() as queries:` every attention call of this thread also records its queries, by layer
+(queries[layer_idx] = (B, Hq, T, D) after RoPE): what a press reads, so that one native prefill can serve every
+press tier (codeckv/measure/shared_prefill.py).
 """
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from transformers import AttentionInterface
@@ -27,9 +34,22 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from codeckv.cache.coded_layer import TAG
 from codeckv.cache.pressed_layer import PRESS_TAG
+from codeckv.cache.rope import remember_rotary, rope_at
 from codeckv.cache.stacked import STACK_TAG
 
 ATTENTION = "codeckv"  # the attn_implementation name
+_capture = threading.local()  # .queries: {layer index: queries} while a thread captures them (captured_queries)
+
+
+@contextmanager
+def captured_queries() -> Iterator[dict[int, torch.Tensor]]:
+    """{layer index: (B, Hq, T, D) queries} of every attention call this thread makes inside the block (the last
+    call's, per layer)."""
+    outer, _capture.queries = getattr(_capture, "queries", None), {}
+    try:
+        yield _capture.queries
+    finally:
+        _capture.queries = outer
 
 
 def codec_attention(
@@ -43,6 +63,9 @@ def codec_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: stored codes for a CodedLayer's tagged keys, SDPA for anything else."""
+    recording = getattr(_capture, "queries", None)
+    if recording is not None:  # captured_queries
+        recording[getattr(module, "layer_idx", None)] = query
     members = getattr(key, STACK_TAG, None)
     if members is not None:
         return _stacked_attention(module, query, members, attention_mask, dropout, scaling, **kwargs)
@@ -54,7 +77,7 @@ def codec_attention(
         out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
         presser = getattr(key, PRESS_TAG, None)
         if presser is not None:  # a codec layer's view of a prefill chunk its press evicts from, now it was read
-            presser.press(query)
+            presser.press(query, rope_at(module))
         return out
     if dropout:
         raise ValueError("codeckv attention: dropout is not supported on the stored codes (allowed: eval mode, or "
@@ -65,7 +88,7 @@ def codec_attention(
     else:
         out = layer.attend(query, attention_mask, scaling).transpose(1, 2).contiguous()  # (B, T, Hq, Dv)
     if layer._pressable:  # its press evicts from the prefill chunk just read, before anything of it is archived
-        layer.press(query)
+        layer.press(query, rope_at(module))
     layer.flush()  # archive what the new tokens completed now: a forward holds one layer's raw chunk, not all
     return out, None
 
@@ -98,4 +121,5 @@ def use_codec_attention(model) -> None:
     if model.config._attn_implementation == ATTENTION or not getattr(model, "_supports_sdpa", True):
         return
     register()
+    remember_rotary(model)  # for a press that needs the queries before RoPE (codeckv/cache/rope.py)
     model.set_attn_implementation(ATTENTION)

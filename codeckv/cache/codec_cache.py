@@ -48,6 +48,7 @@ from codeckv.cache.saved_format import save_cache
 from codeckv.cache.schedule import layer_tiers, schedule
 from codeckv.codecs.layout import NoRowLayout
 from codeckv.loaded import WINDOWED, LoadedModel
+from codeckv.presses import Budget, check_press_mode
 from codeckv.tiers import Tier, as_tier
 
 # Where a codec layer's attention reads its archived tokens (CodecCache.attention; serve/formatting.py phrases them):
@@ -75,6 +76,18 @@ class CodecCache(Cache):
         (cache/layers.py, "Raw until N"): 0 = from the first complete unit, None = never (png)."""
         return {index: layer.raw_until for index, layer in enumerate(self.layers)
                 if isinstance(layer, CodecLayer) and layer.is_initialized}
+
+    @property
+    def press_mode(self) -> str:
+        """When this cache's press evicts: "once" or "chunked" (codeckv/presses/base.py PRESS_MODES)."""
+        return next((layer.press_mode for layer in self.layers if isinstance(layer, CodecLayer)), "once")
+
+    def set_press_mode(self, mode: str) -> None:
+        """Press the context once (kvpress's protocol) or every prefill chunk as it arrives, on every codec layer."""
+        check_press_mode(mode)
+        for layer in self.layers:
+            if isinstance(layer, CodecLayer):
+                layer.set_press_mode(mode)
 
     def set_raw_until(self, tokens: int | None) -> None:
         """Hold tokens raw until `tokens` on every codec layer of this fresh cache (0: archive from the first unit,
@@ -123,7 +136,8 @@ class CodecCache(Cache):
     @classmethod
     def from_cache(
         cls, cache: Cache, tier: Tier | str, materialization_free: bool | None = None,
-        calibration: Calibration | None = None, raw_until: int | None = 0, **overrides,
+        calibration: Calibration | None = None, raw_until: int | None = 0,
+        queries: dict[int, torch.Tensor] | None = None, rope: dict | None = None, **overrides,
     ) -> CodecCache:
         """Convert a native cache (e.g. a DynamicCache right after a prefill) into a codec cache, in one go.
 
@@ -132,13 +146,19 @@ class CodecCache(Cache):
         decoded tokens as prefilling through the codec cache and flushing (below raw_until, as from_config's,
         the tokens stay raw). Other layers (sliding window, ...) are deep-copied, so `cache` is left as it was
         and stays usable. The fast path for a long prompt: prefill natively (SDPA on the raw tokens), convert once.
+
+        A tier with a press needs the prefill's queries ({layer index: (B, Hq, S, D)}, codeckv.cache.attention's
+        captured_queries) and, for a press that reads queries before RoPE, {layer index: rope_at} (cache/rope.py):
+        each layer then presses the tokens it took as the context, once, exactly as prefilling the same tokens
+        through the press's cache in one forward does (the press acts after the attention, which saw every token).
         """
         tier = _tier(tier, overrides)
         if tier.is_native:
             raise ValueError(f"tier '{tier.name}' is native: keep the cache itself (allowed: a tier that encodes)")
-        if tier.evicts:
-            raise ValueError(f"tier '{tier.name}' has a press, which scores each prefill chunk in its attention: "
-                             "prefill through make_cache(...)'s cache instead of converting a native one")
+        if tier.evicts and (queries is None or isinstance(tier.press, Budget)):
+            raise ValueError(f"tier '{tier.name}' has a press, which scores the prefill with its queries: pass the "
+                             "prefill's queries (codeckv.cache.attention.captured_queries) or prefill through "
+                             "make_cache(...)'s cache (a token budget always does)")
         kinds = {DynamicLayer: "full_attention", DynamicSlidingWindowLayer: "sliding_attention"}
         layer_types = [kinds.get(type(layer), type(layer).__name__) for layer in cache.layers]
         layer_kwargs = [{"sliding_window": getattr(layer, "sliding_window", None)} for layer in cache.layers]
@@ -154,6 +174,8 @@ class CodecCache(Cache):
                 held = layer.keys.shape[2]
                 first = getattr(layer, "cumulative_length", held) - held  # the tokens a window dropped
                 converted.adopt(layer.keys, layer.values, first)
+                if tier.evicts and not first:
+                    converted.press_context(queries[index], (rope or {}).get(index))
             layers.append(converted)
         result = cls(layers, tier)
         result.flush()
@@ -352,7 +374,8 @@ def _shares(calibration: Calibration, layer_types: list[str], layers: list[int])
 
 def make_cache(source, tier: Tier | str, materialization_free: bool | None = None,
                calibration: Calibration | None = None, attention_mask: torch.Tensor | None = None,
-               per_layer: dict | None = None, raw_until: int | None = 0, **overrides) -> Cache:
+               per_layer: dict | None = None, raw_until: int | None = 0, press_mode: str = "once",
+               **overrides) -> Cache:
     """A fresh cache for `tier`: transformers' DynamicCache for a native tier, else a CodecCache.
 
     materialization_free: None (default) = attention on the stored codes wherever the tier allows
@@ -366,7 +389,11 @@ def make_cache(source, tier: Tier | str, materialization_free: bool | None = Non
     loaded or computed when none is given (codeckv.cache.calibration.calibration_for).
     attention_mask: the (B, T) mask of a left-padded batch, so that codecs leave the pad tokens out.
     per_layer: {layer index: tier or preset name} overriding `tier` on those layers (codeckv/cache/schedule.py).
+    press_mode: when a tier's press evicts (codeckv/presses/base.py): "once" (default, kvpress's protocol) = the
+    context, the first forward into the empty cache, is pressed after its attention and nothing after it; "chunked"
+    = every prefill chunk as it arrives (memory-bounded streaming).
     """
+    check_press_mode(press_mode)
     tier = tier if isinstance(tier, Tier) else as_tier(tier)  # a Tier travels as it is; a name is resolved once
     if per_layer:
         tier = schedule(tier, per_layer)
@@ -376,6 +403,7 @@ def make_cache(source, tier: Tier | str, materialization_free: bool | None = Non
     if calibration is None and isinstance(source, LoadedModel):
         calibration = calibration_for(source, tier)
     cache = CodecCache.from_config(config, tier, materialization_free, calibration, raw_until, **overrides)
+    cache.set_press_mode(press_mode)
     if attention_mask is not None:
         cache.set_left_padding(attention_mask)
     return cache

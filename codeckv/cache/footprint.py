@@ -71,6 +71,19 @@ class Footprint:
         return self._sum("resident_bytes", False)
 
     @property
+    def kept_share(self) -> float:
+        """Tokens the counted layers hold / tokens they have seen: 1.0 unless a press evicted some."""
+        held = self._sum("tokens")
+        seen = sum(f.reference_tokens or f.tokens for f in self.layers if f.full_attention)
+        return held / seen if seen else 1.0
+
+    def stored_ratio(self, coded: bool) -> float:
+        """What the cache stores per token seen vs bf16, every family alike (the Pareto charts' axis): the share of
+        the tokens it keeps times the bytes per token of its format, bf16 for raw tokens (`coded` False: native, a
+        press alone) and the steady state for coded ones."""
+        return self.kept_share * (self.steady_state_ratio if coded else 1.0)
+
+    @property
     def ratio(self) -> float:
         """Archive bytes of the codec layers as a fraction of a bf16 cache of the same tokens."""
         return self.archive_bytes / self.bf16_bytes if self.bf16_bytes else math.nan

@@ -1,10 +1,12 @@
 """A press's side of a cache layer: which held tokens it evicts, and where the ones it kept sit.
 
-CodecLayer and CodedLayer take this mixin. After a prefill chunk's attention (codeckv.cache.attention calls
-`press(queries)` on the layer its keys are tagged with), the tier's press (codeckv/presses/) picks, per KV head,
-the tokens of that chunk to keep; the layer drops the others, so their bytes are freed, and remembers each kept
-token's position. A token budget (presses/budget.py) presses everything held back to its size every `interval`
-decode steps, and keeps the last queries its press reads.
+CodecLayer and CodedLayer take this mixin. After a prefill's attention (codeckv.cache.attention calls
+`press(queries, rope_at)` on the layer its keys are tagged with), the tier's press (codeckv/presses/) picks, per KV
+head, the tokens of that prefill to keep; the layer drops the others, so their bytes are freed, and remembers each
+kept token's position. Which prefills are pressed is the layer's `press_mode` (presses/base.py PRESS_MODES): "once",
+the first forward into the empty layer (the context; kvpress's protocol), or "chunked", every prefill chunk as it
+arrives. A token budget (presses/budget.py) presses everything held back to its size every `interval` decode
+steps, whatever the mode, and keeps the last queries its press reads.
 
 The layer supplies what a press acts on: `held`, `length`, `first`, `tier`, `window`, `keys`, `device`,
 `_chunk(n)` (the last n held tokens, less the sinks, as (B, H, t, D) keys and values), `_keep(n, keep)` (keep those
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from codeckv.presses import Budget, keep_indices
+from codeckv.cache.rope import RopeAt
+from codeckv.presses import Budget, Rope, check_press_mode, keep_indices
 
 PRESS_TAG = "codeckv_press"  # attribute of the keys a pressing layer returns (codeckv.cache.attention reads it)
 
@@ -27,6 +30,12 @@ def gather_tokens(tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 class PressedLayer:
     """Mixin: a layer whose tier's press evicts tokens (module docstring); a no-op for a tier without one."""
+
+    press_mode = "once"  # when the press acts: presses/base.py PRESS_MODES (set_press_mode)
+
+    def set_press_mode(self, mode: str) -> None:
+        """Press the context once (kvpress's protocol) or every prefill chunk as it arrives (PRESS_MODES)."""
+        self.press_mode = check_press_mode(mode)
 
     def _reset_press(self) -> None:
         self.evicted = 0  # tokens a press evicted (the positions of the next tokens are length + evicted)
@@ -43,15 +52,18 @@ class PressedLayer:
             fresh = torch.arange(seen - new, seen, device=self._positions.device).expand(b, h, new)
             self._positions = torch.cat([self._positions, fresh], dim=2)
         budget = isinstance(self.tier.press, Budget)  # a budget sees every step's queries: it keeps the last ones
-        self._pressable = new if self.tier.press is not None and (new > 1 or budget) and self.window is None else 0
+        first = self.length + self.evicted == new  # the first forward into the empty layer: the context's prefill
+        when = budget or (new > 1 and (first or self.press_mode == "chunked"))
+        self._pressable = new if self.tier.press is not None and when and self.window is None else 0
         if self._pressable:
             setattr(keys, PRESS_TAG, self)
         return keys, values
 
     @torch.inference_mode()
-    def press(self, queries: torch.Tensor) -> None:
-        """Evict the tier's press's share of the prefill chunk just attended to (queries (B, Hq, T, D), the chunk's):
-        its raw tokens after the sinks, the same count in every KV head (codeckv/presses/base.py)."""
+    def press(self, queries: torch.Tensor, rope_at: RopeAt | None = None) -> None:
+        """Evict the tier's press's share of the prefill just attended to (queries (B, Hq, T, D), the prefill's;
+        rope_at: the model's rotary embedding for this layer, codeckv/cache/rope.py): its raw tokens after the sinks,
+        the same count in every KV head (codeckv/presses/base.py)."""
         chunk, self._pressable = self._pressable, 0
         keep_count = None
         if isinstance(self.tier.press, Budget):  # every token held is scored, with the last queries kept
@@ -66,7 +78,9 @@ class PressedLayer:
         tokens = keys.shape[2]
         if tokens < 2:
             return
-        keep = keep_indices(self.tier.press, keys, values, queries[:, :, -tokens:], keep_count)  # (B, H, k)
+        seen = self.length + self.evicted  # the position the next token takes
+        rope = Rope(rope_at, seen) if rope_at is not None else None
+        keep = keep_indices(self.tier.press, keys, values, queries[:, :, -tokens:], keep_count, rope)  # (B, H, k)
         positions = self.positions()
         start = positions.shape[2] - tokens
         self._positions = torch.cat([positions[:, :, :start], positions[:, :, start:].gather(2, keep)], dim=2)
@@ -74,6 +88,14 @@ class PressedLayer:
         self.length -= tokens - keep.shape[2]
         self.evicted += tokens - keep.shape[2]
         self._held_changed()
+
+    def press_context(self, queries: torch.Tensor, rope_at: RopeAt | None = None) -> None:
+        """Press every token this layer holds as the context's prefill, just attended to by `queries` (B, Hq, S, D):
+        the "once" protocol applied to tokens the layer adopted (CodecCache.from_cache) instead of prefilling."""
+        if self.tier.press is None or self.window is not None or self.evicted:
+            return
+        self._pressable = self.held
+        self.press(queries, rope_at)
 
     def positions(self) -> torch.Tensor:
         """(B, H, held) the position of every held token of each head, in order (a press's kept ones)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from codeckv.cli.common import file_stem, forward_bar, load, write_figures
 from codeckv.cli.types import positive, run_name
+from codeckv.presses.base import PRESS_MODES
 
 NAME = "needle"
 HELP = "pass-key retrieval per tier over prompt lengths and key depths"
@@ -21,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the key sits in the filler, 0 = start (default 0 0.25 0.5 0.75 1)")
     parser.add_argument("--tiers", nargs="+", type=run_name, default=["turbo-4", "turbo-3", "int8", "jpeg-k2"],
                         help="tier or peer names (default turbo-4 turbo-3 int8 jpeg-k2)")
+    parser.add_argument("--press-mode", choices=PRESS_MODES, default="once",
+                        help="a press's protocol: once = the context (all before the question) pressed once after "
+                             "its prefill, as kvpress (default); chunked = every prefill chunk pressed as it arrives")
     parser.add_argument("--out", help="CSV path (default out/needle-<model>.csv)")
     parser.add_argument("--charts", help="folder for the heatmap (default out/needle-<model>)")
 
@@ -34,7 +38,7 @@ def run(args: argparse.Namespace) -> None:
     loaded = load(args)
     bar, progress = forward_bar("needle", unit="cell")
     start = time.perf_counter()
-    grid = needle_grid(loaded, tiers, args.lengths, args.depths, progress)
+    grid = needle_grid(loaded, tiers, args.lengths, args.depths, progress, args.press_mode)
     bar.close()
     failed = Counter((r.tier, r.length) for r in grid.rows if r.error)  # cells a peer itself failed on
     summary = [{"tier": tier, **{f"{n} tok": f"{int(grid.retrieved(tier)[:, j].sum())}/{len(grid.depths)}"
@@ -43,7 +47,10 @@ def run(args: argparse.Namespace) -> None:
     print(format_table(summary))
     for reason in grid.absent:
         print(reason)
-    print(f"retrieved / depths {', '.join(f'{d:g}' for d in grid.depths)}; took {time.perf_counter() - start:.1f} s")
+    presses = any(row.press_mode for row in grid.rows)
+    print(f"retrieved / depths {', '.join(f'{d:g}' for d in grid.depths)}"
+          + (f"; presses {args.press_mode} (kvpress's protocol)" if presses and args.press_mode == "once" else
+             f"; presses {args.press_mode}" if presses else "") + f"; took {time.perf_counter() - start:.1f} s")
     stem = f"needle-{file_stem(loaded.info.name)}"
     written = write_csv(as_dicts(grid.rows), args.out or f"out/{stem}.csv")  # before the charts, as in quality
     paths = write_figures(lambda figures: {"needle": figures.plots.needle_figure(grid)},

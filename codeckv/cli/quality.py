@@ -9,7 +9,10 @@ from pathlib import Path
 
 from codeckv.cli.common import file_stem, forward_bar, load, write_figures
 from codeckv.cli.types import bits_list, positive, run_name
+from codeckv.presses.base import PRESS_MODES
 
+PROTOCOLS = {"once": "the context pressed once after its prefill, as kvpress", "chunked": "every prefill chunk "
+             "pressed as it arrives"}
 NAME = "quality"
 HELP = "per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread"
 
@@ -17,6 +20,12 @@ HELP = "per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--windows", type=positive, default=4, help="text windows (default 4)")
     parser.add_argument("--length", type=positive, default=512, help="tokens per window (default 512)")
+    parser.add_argument("--prefix", type=positive,
+                        help="tokens prefilled per window before the scored ones, the context a press evicts from "
+                             "(default half the window; the committed press rows: --length 1280 --prefix 1024)")
+    parser.add_argument("--press-mode", choices=PRESS_MODES, default="once",
+                        help="a press's protocol: once = the prefix pressed once after its prefill (kvpress's, the "
+                             "default); chunked = every prefill chunk pressed as it arrives (memory-bounded)")
     parser.add_argument("--tiers", nargs="*", type=run_name,
                         help="tier or peer names, llama.cpp's KV types too (default: every tier, every peer installed)")
     parser.add_argument("--source", default="corpus", choices=["corpus", "docstrings", "bible"],
@@ -44,24 +53,28 @@ def run(args: argparse.Namespace) -> None:
     loaded = load(args)
     bar, progress = forward_bar("quality")
     start = time.perf_counter()
-    result = measure_quality(loaded, tiers, args.windows, args.length, args.source, text, progress)
+    result = measure_quality(loaded, tiers, args.windows, args.length, args.source, text, progress, args.prefix,
+                             args.press_mode)
     bar.close()
     rows = as_dicts(result.rows)
-    columns = ["tier", "ratio_vs_bf16", "held_bytes", "kld", "kld_se", "kld_p99", "kld_max", "top1_pct", "top1_se",
-               "delta_nll_pct", "delta_nll_se", "dp_rms"]
+    columns = ["tier", "stored_vs_bf16", "ratio_vs_bf16", "held_bytes", "kld", "kld_se", "kld_p99", "kld_max",
+               "top1_pct", "top1_se", "delta_nll_pct", "delta_nll_se", "dp_rms"]
     print(format_table(rows, columns))
     for reason in result.absent:
         print(reason)
     where = "a text file" if text is not None else f"the {args.source}"
-    print(f"{args.windows} windows x {args.length} tokens of {where}, {result.reference.positions} scored positions "
-          f"each; took {time.perf_counter() - start:.1f} s")
+    presses = any(row["press_mode"] for row in rows)
+    protocol = f"; presses: {args.press_mode} ({PROTOCOLS[args.press_mode]})" if presses else ""
+    print(f"{args.windows} windows x {args.length} tokens of {where}, {result.reference.prefix} prefilled and "
+          f"{result.reference.positions} scored each{protocol}; took {time.perf_counter() - start:.1f} s")
     suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
     stem = f"quality-{file_stem(loaded.info.name)}{suffix}"
     out = Path(args.out or f"out/{stem}.csv")
     merged = args.update and out.exists()
     if merged:
         _check_same_native(out, rows)
-        rows = merge_rows(out, rows, [*TIERS, *PEER_NAMES], same=("source", "windows", "tokens_per_window"))
+        rows = merge_rows(out, rows, [*TIERS, *PEER_NAMES],
+                          same=("source", "windows", "tokens_per_window", "prefix_tokens"))
     written = write_csv(rows, out)  # before the charts: numbers never hang on figures
     points = [numbers(row) for row in rows] if merged else None  # the Pareto charts show the whole table
     paths = write_figures(lambda figures: figures.quality_figures(result, points), Path(args.charts or f"out/{stem}"))

@@ -21,6 +21,7 @@ from codeckv.figures.labels import PLOT_AREA_PX, legend_rows, place_labels
 from codeckv.measure.inspection import ChannelSpectrum, HeadView, LayerError, Spectrum
 from codeckv.measure.llamacpp import LLAMACPP_PEERS
 from codeckv.measure.peers import PEERS
+from codeckv.measure.quality import stored_vs_bf16
 from codeckv.tiers import get_tier
 
 FONT = "Inter, Helvetica Neue, Arial, sans-serif"
@@ -89,7 +90,9 @@ PARETO_METRICS = {
 
 def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | None = None,
                   title: str = "Storage vs quality") -> go.Figure:
-    """Storage (archive bytes / bf16) vs `metric` ("kld" or "delta_nll_pct") per tier, with the Pareto front.
+    """Storage vs `metric` ("kld" or "delta_nll_pct") per tier, with the Pareto front. Storage counts every family
+    alike (measure/quality.py stored_vs_bf16): per token seen, the tokens kept in the cache's format (bf16 when raw),
+    over a bf16 cache; a press sits at the share it keeps.
 
     Error bars show `<metric>_se` (standard error over windows) when the rows carry it. Points above
     `y_cap` (default: 1.3 x the largest value below the metric's "broken" level) sit on the top edge as
@@ -100,8 +103,8 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
     if metric not in PARETO_METRICS:
         raise ValueError(f"metric={metric!r} (allowed: {', '.join(PARETO_METRICS)})")
     axis_title, hover, floor, broken = PARETO_METRICS[metric]
-    rows = [r for r in _dicts(rows) if _finite(r["ratio_vs_bf16"]) is not None and _finite(r[metric]) is not None]
-    xs = [r["ratio_vs_bf16"] for r in rows]
+    rows = [r for r in _dicts(rows) if _finite(stored_vs_bf16(r)) is not None and _finite(r[metric]) is not None]
+    xs = [stored_vs_bf16(r) for r in rows]
     ys = [r[metric] for r in rows]
     errors = [_finite(r.get(f"{metric.removesuffix('_pct')}_se")) for r in rows]
     if y_cap is None:
@@ -151,7 +154,8 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
                                                              yanchor="bottom"),
                       height=PLOT_AREA_PX[1] + top + 70, margin=dict(t=top, b=70),
                       title=dict(y=1, yref="container", yanchor="top", pad=dict(t=30)))
-    return themed(fig, title, "KV archive bytes / bf16 cache bytes (×)", axis_title)
+    return themed(fig, title, "bytes stored per token seen / bf16 (×): kept tokens in the cache's format, "
+                              "evicted ones free", axis_title)
 
 
 CODEC_FAMILY, FORMAT_FAMILY, PRESS_FAMILY, PRESS_CODEC_FAMILY = (

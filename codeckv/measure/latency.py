@@ -74,8 +74,9 @@ def latency_table(
 
 
 def _pressed(loaded: LoadedModel, tier: Tier, ids: torch.Tensor) -> CodecCache:
-    """A press tier's cache after prefilling `ids` itself, PREFILL_CHUNK tokens per forward (each chunk pressed)."""
-    cache = make_cache(loaded, tier)
+    """A press tier's cache after prefilling `ids` itself, PREFILL_CHUNK tokens per forward (each chunk pressed: the
+    streaming protocol, whose prefill never holds more than a chunk beyond what was kept)."""
+    cache = make_cache(loaded, tier, press_mode="chunked")
     for lo in range(0, ids.shape[1], PREFILL_CHUNK):
         next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], cache)
     return cache

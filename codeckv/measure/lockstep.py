@@ -112,6 +112,7 @@ def lockstep(
     prefix: int | None = None,
     reference: Reference | None = None,
     on_step: OnStep | None = None,
+    prefill_chunk: int | None = None,
 ) -> tuple[Reference, list[Scores]]:
     """Feed the windows (W, T) through every (fresh) cache at once; the reference and each cache's Scores.
 
@@ -119,6 +120,7 @@ def lockstep(
     cache, make_cache(config, "native"), to measure against native; its own Scores are then exactly 0).
     With one (from an earlier call on the same windows), every cache is compared with it.
     The model is routed through codeckv attention (codeckv.cache.attention; load_model has done it already).
+    prefill_chunk: feed the prefix in chunks of this many tokens (a press's "chunked" protocol) instead of one forward.
     """
     if not caches:
         raise ValueError("give at least one cache (the native baseline first when there is no reference yet)")
@@ -135,7 +137,9 @@ def lockstep(
     ids = windows.to(model.device).repeat(len(caches), 1)  # cache i owns rows [i W, (i + 1) W)
     targets = windows[:, prefix + 1 :].cpu()
     baseline, nll, kld, top1 = [], [], [], []  # per position: (caches, W)
-    _forward_logprobs(model, ids[:, :prefix], stacked)
+    step = prefill_chunk or prefix
+    for lo in range(0, prefix, step):
+        _forward_logprobs(model, ids[:, lo : min(lo + step, prefix)], stacked)
     for i, t in enumerate(range(prefix, windows.shape[1] - 1)):
         got = _forward_logprobs(model, ids[:, t : t + 1], stacked).cpu().view(len(caches), rows, -1)
         want = got[0] if reference is None else reference.logprobs[:, i]  # (W, vocab)

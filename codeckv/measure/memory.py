@@ -4,8 +4,10 @@
     row = memory_row_isolated("smollm2-135m", "turbo-4", "codes", 4096, 64)                   # its own process
 
 One turn per row: `context` corpus tokens prefilled through the cache in PREFILL_CHUNK-token forwards,
-then `new_tokens` greedy tokens. A row's cache is native, a tier on its stored codes ("codes", no decoded
-view) or a tier with a decoded view ("view"), built as make_cache builds it: each layer holds its tokens raw
+then `new_tokens` greedy tokens. A press evicts from every chunk as it arrives (press_mode "chunked", the
+memory-bounded streaming protocol: its peak is what it kept plus one chunk). A row's cache is native, a tier on its
+stored codes ("codes", no decoded view) or a tier with a decoded view ("view"), built as make_cache builds it: each
+layer holds its tokens raw
 until the tier's archive pays off (`raw_until`, codeckv/cache/layers.py "Raw until N"). Measured for the same
 tokens:
 
@@ -74,7 +76,7 @@ def memory_row(loaded: LoadedModel, tier: Tier, mode: str, context: int, new_tok
         ids = corpus_windows(loaded.tokenizer, 1, context)
     ids = ids[:, :context].to(loaded.model.device)
     cache = make_cache(loaded, tier, materialization_free={"native": None, "codes": True, "view": False}[mode],
-                       raw_until=None)  # as the Chat builds it: raw until the tier's own N
+                       raw_until=None, press_mode="chunked")  # raw until the tier's own N, as the Chat builds it
     start = time.perf_counter()
     peak = 0
     for lo in range(0, context, PREFILL_CHUNK):

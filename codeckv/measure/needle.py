@@ -8,7 +8,11 @@ as in the pass-key retrieval test of Mohtashami & Jaggi (2023): an instruction, 
 the key sentence inserted after `depth` of them, then the question. `length` is the prompt's length
 in tokens (within one filler sentence). Each (length, depth) is prefilled once, natively, in chunks;
 every tier's cache is filled from that native cache (exactly a prefill through the codec cache,
-measure/side_by_side.py) and answers greedily. Retrieved = the key appears in the answer. A peer
+measure/side_by_side.py) and answers greedily. A press follows its protocol (`press_mode`, codeckv/presses/base.py):
+"once" (kvpress's, the default): the context, everything before the question, is prefilled natively in one forward
+once per cell and each press's cache is pressed from it (measure/shared_prefill.py), then the question is fed
+unpressed; "chunked": the press's cache prefills the prompt itself in PREFILL_CHUNK-token chunks, each pressed as it
+arrives. Retrieved = the key appears in the answer. A peer
 (codeckv/measure/peers.py) is filled from the same native cache in one update per layer, as a one-forward
 prefill through it would be; a peer that cannot run here gets a line in `absent` instead of its rows,
 and a cell where the peer itself fails (HQQ's 4-bit packing cannot hold an odd number of groups: batch x
@@ -38,7 +42,9 @@ from codeckv.measure.llamacpp import (
     rule_bytes_per_token,
 )
 from codeckv.measure.peers import Peer, absent_reason, filled_peer_cache, peer_footprint
+from codeckv.measure.shared_prefill import shared_prefill
 from codeckv.measure.side_by_side import PREFILL_CHUNK, Run, filled_from
+from codeckv.presses import Budget, check_press_mode
 from codeckv.tiers import TIERS, Tier
 
 INTRO = ("There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -61,6 +67,7 @@ class NeedleRow:
     answer: str
     ratio_vs_bf16: float  # the tier's cache holding the prompt
     error: str = ""  # a peer that failed on this cell: its message (then not retrieved)
+    press_mode: str = ""  # a press's protocol, "once" or "chunked"; "" for a tier without a press
 
 
 @dataclass
@@ -83,6 +90,15 @@ class NeedleGrid:
 def needle_key(length: int, depth: float) -> str:
     """A fixed 5-digit key per cell, so runs are repeatable and cells differ."""
     return str(random.Random(f"{length}:{depth}").randrange(10_000, 100_000))
+
+
+def question_start(loaded: LoadedModel, ids: torch.Tensor) -> int:
+    """Where the question begins in a needle prompt's ids (1, T): the context before it is what a press evicts from."""
+    text = loaded.tokenizer.decode(ids[0])
+    head = text[: text.rindex(QUESTION)]
+    context = loaded.tokenizer(head, add_special_tokens=False, return_tensors="pt").input_ids[0].to(ids.device)
+    common = int((ids[0, : context.shape[0]] == context[: ids.shape[1]]).cumprod(0).sum())
+    return max(1, min(common, ids.shape[1] - 1))
 
 
 def needle_prompt(loaded: LoadedModel, length: int, depth: float, key: str) -> torch.Tensor:
@@ -119,8 +135,10 @@ def needle_grid(
     lengths: list[int],
     depths: list[float],
     progress: Progress | None = None,
+    press_mode: str = "once",
 ) -> NeedleGrid:
-    """Native and every tier or peer on every (length, depth): retrieved or not."""
+    """Native and every tier or peer on every (length, depth): retrieved or not; presses under `press_mode`."""
+    check_press_mode(press_mode)
     tiers = [TIERS["native"]] + [t for t in tiers if not t.is_native]
     reasons = {t.name: absent_reason(t, loaded.info) for t in tiers if isinstance(t, Peer | LlamaCppPeer)}
     tiers = [t for t in tiers if not reasons.get(t.name)]
@@ -142,6 +160,8 @@ def needle_grid(
             with torch.inference_mode():
                 for lo in range(0, ids.shape[1], PREFILL_CHUNK):
                     first = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], native)[0]
+            split = question_start(loaded, ids)
+            context = None  # the context prefilled once for every press (press_mode "once"), when one needs it
             for tier in tiers[::-1]:  # native last: answering extends the cache the others are filled from
                 if isinstance(tier, Peer):
                     try:
@@ -152,8 +172,15 @@ def needle_grid(
                         rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, False, "", math.nan,
                                               str(err).splitlines()[0]))
                         continue
-                elif tier.evicts:  # a press scores each prefill chunk in its attention: the cache prefills itself
-                    cache, own = make_cache(loaded, tier), None
+                elif tier.evicts and press_mode == "once" and not isinstance(tier.press, Budget):
+                    context = context or shared_prefill(loaded, ids[:, :split])
+                    cache = context.cache_for(tier)
+                    with torch.inference_mode():  # the question, not pressed
+                        own = next_logits(loaded.model, ids[:, split:], cache)[0]
+                    ratio = footprint(cache).ratio
+                    answer = _answer(loaded, cache, own, stop_ids)
+                elif tier.evicts:  # chunked (or a token budget): the cache prefills itself, pressing as it goes
+                    cache, own = make_cache(loaded, tier, press_mode="chunked"), None
                     with torch.inference_mode():
                         for lo in range(0, ids.shape[1], PREFILL_CHUNK):
                             own = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], cache)[0]
@@ -163,7 +190,9 @@ def needle_grid(
                     cache = native if tier.is_native else filled_from(native, Run(loaded, tier.name, tier))
                     ratio = footprint(cache).ratio
                     answer = _answer(loaded, cache, first, stop_ids)
-                rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, key in answer, answer, ratio))
+                mode = (press_mode if not isinstance(tier.press, Budget) else "budget") if tier.evicts else ""
+                rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, key in answer, answer, ratio,
+                                      press_mode=mode))
             done += 1
             if progress:
                 progress(done, total, f"{length} tokens, depth {depth:g}")

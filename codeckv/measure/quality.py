@@ -7,6 +7,18 @@
     run.scores      # tier -> per-position NLL / KLD / top-1 (W, positions), for per-token charts
     run = measure_quality(loaded, ["turbo-4", "hf-quanto-int4"])                          # a peer beside a tier
     run.absent      # one line per peer that cannot run here (codeckv/measure/peers.py), instead of its row
+    run = measure_quality(loaded, ["snapkv-50"], windows=4, length=1280, prefix=1024)     # a press: 1,024 pressed
+
+A press evicts from the prefix (the context) under the cache's press protocol (`press_mode`, codeckv/presses/base.py):
+"once", kvpress's (the prefix prefilled in one forward and pressed after it; what follows is not), or "chunked" (the
+prefix fed in PREFILL_CHUNK-token chunks, each pressed as it arrives). Every row says which (`press_mode`, empty for a
+tier without a press) and how long its prefix was; a press needs a prefix well past its observation window (64
+queries) to keep more than that window, so press rows are measured on 1,024-token prefixes (docs/quality.md).
+
+What a row stores (`stored_vs_bf16`, the x axis of the Pareto charts) counts every family alike, per token seen and
+in the storage dtype of the bf16 reference: the share of the tokens the cache still holds (a press evicts the rest)
+times the bytes per token of the cache's format, bf16 for raw tokens (native, a press alone) and the codec's steady
+state for coded ones. `ratio_vs_bf16` and `held_bytes` stay what this run held (fp32 raw tokens included).
 
 Native and every tier are fed the same windows together (measure/lockstep.py: one forward per position
 for all of them, in as few stacked batches as memory allows), and every tier is compared with native. A window
@@ -31,7 +43,9 @@ from codeckv.measure.lockstep import Reference, Scores, compare, lockstep, stack
 from codeckv.measure.peers import ATTENTION as PEER_ATTENTION
 from codeckv.measure.peers import Peer, absent_reason, make_peer_cache, packing_reason, peer_footprint
 from codeckv.measure.runs import attention_counts
+from codeckv.measure.side_by_side import PREFILL_CHUNK
 from codeckv.measure.yardstick import Yardstick, yardstick
+from codeckv.presses import check_press_mode
 from codeckv.tiers import TIERS, Tier
 
 Progress = Callable[[int, int, str], None]  # (forwards done, forwards in all, message); may raise to stop
@@ -53,6 +67,8 @@ class QualityRow:
     attention: dict[str, int]  # codec layers per attention mode (measure/runs.py MODES; a peer: its one mode)
     ratio_vs_bf16: float  # archive / bf16 at this window length (raw tail and sinks included)
     steady_state_ratio: float  # bytes per archived token / bf16 bytes per token (nan if nothing archived)
+    kept_share: float  # tokens held / tokens seen at the window's end (a press evicted the rest; else 1)
+    stored_vs_bf16: float  # kept_share x bytes per token of the format (bf16 when raw) / bf16 (module docstring)
     kld: float  # mean KL(native || tier), nats per token
     kld_se: float  # standard error over windows
     top1_pct: float  # % positions where the tier's argmax is native's
@@ -67,6 +83,8 @@ class QualityRow:
     scored_positions: int  # per window
     yardstick: Yardstick  # llama.cpp's tails: KLD and Δp percentiles, RMS Δp (measure/yardstick.py)
     reference: str = "native"  # what KLD, top-1 and ΔNLL are against: native, or llama.cpp's own f16 cache
+    prefix_tokens: int = 0  # tokens prefilled per window before the scored ones (the context a press evicts from)
+    press_mode: str = ""  # a press's protocol, "once" or "chunked"; "" for a tier without a press
 
 
 @dataclass
@@ -88,8 +106,12 @@ def measure_quality(
     source: str = "corpus",
     text: str | None = None,
     progress: Progress | None = None,
+    prefix: int | None = None,
+    press_mode: str = "once",
 ) -> QualityRun:
     """Native and each tier or peer in lockstep, on `windows` windows of `length` tokens of `text` or the named source.
+
+    prefix: tokens prefilled before the scored ones (default half the window); press_mode: a press's protocol.
 
     A peer that cannot run here (its package missing, a hybrid model) gets no row but a line in `absent`.
     llama.cpp's KV types (measure/llamacpp.py) run in llama.cpp on the same token ids and protocol after the others,
@@ -97,7 +119,10 @@ def measure_quality(
     """
     if not tiers:
         raise ValueError("choose at least one tier")
-    prefix = (length + 1) // 2  # tokens a peer quantizes at once (then that plus multiples of its window)
+    check_press_mode(press_mode)
+    prefix = (length + 1) // 2 if prefix is None else prefix  # a peer quantizes these at once, then its window
+    if not 1 <= prefix <= length - 1:
+        raise ValueError(f"prefix={prefix} must leave scored tokens in a window of {length} (allowed: 1..{length - 1})")
     heads, dim = loaded.info.num_kv_heads, loaded.info.head_dim
     reasons = {t.name: absent_reason(t, loaded.info) or (packing_reason(t, windows, heads, prefix, dim)
                                                          if isinstance(t, Peer) else None)
@@ -127,12 +152,15 @@ def measure_quality(
     reference, scores, caches = None, {}, {}
     for group in groups:
         built = [make_peer_cache(loaded, tier) if isinstance(tier, Peer)
-                 else make_cache(loaded, tier, materialization_free=SCORING_ON_CODES) for tier in group]
+                 else make_cache(loaded, tier, materialization_free=SCORING_ON_CODES, press_mode=press_mode)
+                 for tier in group]
         names = f"{len(group)} caches in one batch, {group[0].name} to {group[-1].name}" if group[1:] else group[0].name
-        reference, got = lockstep(loaded.model, data, built, prefix, reference, step(names))
+        chunk = PREFILL_CHUNK if press_mode == "chunked" and any(getattr(t, "evicts", False) for t in group) else None
+        reference, got = lockstep(loaded.model, data, built, prefix, reference, step(names), chunk)
         for tier, cache, tier_scores in zip(group, built, got):
             scores[tier.name], caches[tier.name] = tier_scores, cache
-    rows = [_row(tier, reference, scores[tier.name], caches[tier.name], label, windows, length) for tier in runs]
+    rows = [_row(tier, reference, scores[tier.name], caches[tier.name], label, windows, length, press_mode)
+            for tier in runs]
     if llama:
         base = done
         report = (lambda n, _, name: progress(base + n, total, f"llama.cpp {name}")) if progress else None
@@ -143,11 +171,25 @@ def measure_quality(
     return QualityRun(rows, reference, scores, tokens, [reason for reason in reasons.values() if reason])
 
 
-def _row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, source: str, windows: int, length: int):
+def stored_vs_bf16(row: dict) -> float:
+    """What a quality row (a CSV's dict) stores per token seen vs bf16 (module docstring): its `stored_vs_bf16`, or
+    for a row written before that column, its steady state (a codec's bytes per token), 1.0 for native."""
+    value = row.get("stored_vs_bf16")
+    if value not in (None, "") and float(value) == float(value):
+        return float(value)
+    if row["tier"] == "native":
+        return 1.0
+    steady = float(row.get("steady_state_ratio") or "nan")
+    return steady if steady == steady else float(row["ratio_vs_bf16"])
+
+
+def _row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, source: str, windows: int, length: int,
+         press_mode: str):
     peer = isinstance(tier, Peer)
     fp = peer_footprint(cache) if peer else footprint(cache)
     stats = compare(reference, scores)
     entropy = None if peer else entropy_coded_bytes(cache)
+    coded = tier.key is not None or tier.joint is not None or bool(tier.per_layer) if not peer else True
     return QualityRow(
         tier=tier.name,
         description=tier.description,
@@ -157,6 +199,8 @@ def _row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, source:
         attention={PEER_ATTENTION: len(cache.layers)} if peer else attention_counts(cache),
         ratio_vs_bf16=fp.ratio,
         steady_state_ratio=fp.steady_state_ratio if not tier.is_native else fp.ratio,
+        kept_share=fp.kept_share if not peer else 1.0,
+        stored_vs_bf16=fp.ratio if peer else fp.stored_ratio(coded),
         kld=stats.kld.mean,
         kld_se=stats.kld.se,
         top1_pct=stats.top1_pct.mean,
@@ -170,6 +214,8 @@ def _row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, source:
         tokens_per_window=length,
         scored_positions=reference.positions,
         yardstick=yardstick(reference, scores),
+        prefix_tokens=reference.prefix,
+        press_mode=press_mode if getattr(tier, "evicts", False) else "",
     )
 
 
@@ -182,12 +228,13 @@ def _llamacpp_row(peer: LlamaCppPeer, run: LlamaCppQuality, layers: int, source:
     return QualityRow(
         tier=peer.name, description=peer.description, archive_bytes=held.rule_bytes, bf16_bytes=held.f16_rule_bytes,
         held_bytes=held.kv_buffer_bytes, attention={LLAMACPP_ATTENTION: layers},
-        ratio_vs_bf16=held.ratio_vs_f16, steady_state_ratio=held.ratio_vs_f16,
-        kld=stats.kld.mean, kld_se=stats.kld.se, top1_pct=stats.top1_pct.mean, top1_se=stats.top1_pct.se,
+        ratio_vs_bf16=held.ratio_vs_f16, steady_state_ratio=held.ratio_vs_f16, kept_share=1.0,
+        stored_vs_bf16=held.ratio_vs_f16, kld=stats.kld.mean, kld_se=stats.kld.se, top1_pct=stats.top1_pct.mean,
+        top1_se=stats.top1_pct.se,
         nll=stats.nll, delta_nll_pct=stats.delta_nll_pct.mean, delta_nll_se=stats.delta_nll_pct.se,
         entropy_coded_bytes=None, source=source, windows=windows, tokens_per_window=length,
         scored_positions=run.reference.positions, yardstick=yardstick(run.reference, scores),
-        reference=LLAMACPP_REFERENCE_LABEL,
+        reference=LLAMACPP_REFERENCE_LABEL, prefix_tokens=run.reference.prefix,
     )
 
 

@@ -53,6 +53,7 @@ from codeckv.measure.runs import (
     attention_counts,
     raw_until_counts,
 )
+from codeckv.presses import Budget
 from codeckv.tiers import Tier, get_tier
 
 PREFILL_CHUNK = 512  # prompt tokens per forward
@@ -210,6 +211,12 @@ def filled_from(native: Cache, run: Run) -> Cache:
                                  raw_until=run.raw_until)
 
 
+def _presses_once(run: Run) -> bool:
+    """True when run's cache presses the context once (press_mode "once") rather than every chunk."""
+    return isinstance(run.cache, CodecCache) and run.cache.press_mode == "once" and not isinstance(run.tier.press,
+                                                                                                    Budget)
+
+
 def stream_turn(
     loaded: LoadedModel, runs: list[Run], ids: torch.Tensor, max_new_tokens: int, stop_ids
 ) -> Iterator[Update]:
@@ -231,14 +238,19 @@ def stream_turn(
     for run in runs:
         run.start_turn(prompt - held, max_new_tokens)
     for run in prefilling:
-        if run.tier.evicts and not held:
+        step = PREFILL_CHUNK
+        if run.tier.evicts and not held and _presses_once(run):  # kvpress's protocol: the prompt in one forward
+            step = prompt
+            run.prefill_path = ("in one forward through the codec cache, its press evicting from the prompt once, "
+                                "after its attention (kvpress's protocol); later turns are not pressed")
+        elif run.tier.evicts and not held:
             run.prefill_path = (f"in chunks of {PREFILL_CHUNK} tokens through the codec cache, its press evicting "
                                 "from each chunk after the chunk's attention")
         elif run.on_codes and not held:
             run.prefill_path = f"in chunks of {PREFILL_CHUNK} tokens through the codec cache, on the codes"
         seconds = 0.0
-        for lo in range(held, prompt, PREFILL_CHUNK):
-            logits, took = run.forward(ids[:, lo : lo + PREFILL_CHUNK])
+        for lo in range(held, prompt, step):
+            logits, took = run.forward(ids[:, lo : lo + step])
             seconds += took
             done += 1
             yield update("prefill")

@@ -38,6 +38,7 @@ class SweepRow:
     bf16_bytes: int  # a bf16 native cache of the same tokens
     ratio_vs_bf16: float
     steady_state_ratio: float  # bytes per archived token / bf16 bytes per token
+    stored_vs_bf16: float  # per token seen, kept tokens in the format's bytes (bf16 when raw) / bf16 (Footprint)
     kld: float  # KL(native || tier) on the native reply, nats per token
     top1_pct: float
     nll: float  # native continuation teacher-forced through the tier's cache
@@ -83,7 +84,7 @@ def sweep(
     for index, (label, cmp) in enumerate(update.results.items()):
         if progress:
             progress(total + index + 1, total + len(tiers), f"PSNR {label}")
-        rows.append(_row(cmp, _mean_psnr(capture, tiers[index], calibration_for(loaded, tiers[index]))))
+        rows.append(_row(cmp, _mean_psnr(capture, tiers[index], calibration_for(loaded, tiers[index])), tiers[index]))
     return Sweep(ids.shape[1], native, update.results, rows)
 
 
@@ -95,7 +96,8 @@ def _mean_psnr(capture, tier: Tier, calibration: Calibration | None) -> float:
     return math.inf if any(math.isinf(p) for p in values) else sum(values) / len(values)
 
 
-def _row(cmp: Comparison, psnr: float) -> SweepRow:
+def _row(cmp: Comparison, psnr: float, tier: Tier) -> SweepRow:
+    coded = tier.key is not None or tier.joint is not None or bool(tier.per_layer)
     return SweepRow(
         tier=cmp.tier,
         description=cmp.description,
@@ -103,6 +105,7 @@ def _row(cmp: Comparison, psnr: float) -> SweepRow:
         bf16_bytes=cmp.codec.bf16_bytes,
         ratio_vs_bf16=cmp.ratio_vs_bf16,
         steady_state_ratio=cmp.steady_state_ratio,
+        stored_vs_bf16=cmp.codec.footprint.stored_ratio(coded),
         kld=cmp.kld,
         top1_pct=cmp.top1_pct,
         nll=cmp.nll_codec,

@@ -39,7 +39,7 @@ def merge_rows(path: str | Path, rows: list[dict], order: list[str], key: str = 
     with Path(path).open(newline="") as f:
         old = list(csv.DictReader(f))
     for column in same:
-        values = {str(row.get(column)) for row in [*old, *rows]}
+        values = {str(row.get(column)) for row in [*old, *rows] if row.get(column) not in (None, "")}  # or older
         if len(values) > 1:
             raise ValueError(f"{path}: its rows and the new ones differ in {column} ({', '.join(sorted(values))}): "
                              "update a CSV measured the same way, or write a new one")

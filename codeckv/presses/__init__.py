@@ -1,9 +1,10 @@
 """Token eviction: one press per file; a press decides which tokens a layer keeps (presses/base.py).
 
-PRESSES names each press class, as the tiers' names do (codeckv/tiers.py: "snapkv-50" is SnapKVPress(ratio=0.5)).
+PRESSES names each press class, as the tiers' names do (codeckv/tiers.py: "snapkv-50" is SnapKVPress(ratio=0.5),
+"snapkv-875" SnapKVPress(ratio=0.875)).
 """
 
-from codeckv.presses.base import RATIOS, Press, keep_indices, kept_count
+from codeckv.presses.base import PRESS_MODES, RATIOS, Press, Rope, check_press_mode, keep_indices, kept_count
 from codeckv.presses.budget import Budget
 from codeckv.presses.expected_attention import ExpectedAttentionPress
 from codeckv.presses.knorm import KnormPress
@@ -19,5 +20,5 @@ PRESSES: dict[str, type[Press]] = {
     "expected": ExpectedAttentionPress,
 }
 
-__all__ = ["PRESSES", "RATIOS", "Budget", "ExpectedAttentionPress", "KnormPress", "Press", "SnapKVPress",
-           "StreamingLLMPress", "TOVAPress", "keep_indices", "kept_count"]
+__all__ = ["PRESSES", "PRESS_MODES", "RATIOS", "Budget", "ExpectedAttentionPress", "KnormPress", "Press", "Rope",
+           "SnapKVPress", "StreamingLLMPress", "TOVAPress", "check_press_mode", "keep_indices", "kept_count"]

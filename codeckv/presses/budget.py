@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from codeckv.presses.base import Press
+from codeckv.presses.base import Press, Rope
 
 MAX_TOKENS = 1 << 20  # as the Advanced panel's window bounds
 
@@ -46,8 +46,9 @@ class Budget(Press):
     def queries_read(self) -> int:
         return self.press.queries_read
 
-    def scores(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
-        return self.press.scores(keys, values, queries)
+    def scores(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor,
+               rope: Rope | None = None) -> torch.Tensor:
+        return self.press.scores(keys, values, queries, rope)
 
     def over(self, held: int, new: int) -> bool:
         """True when a layer holding `held` tokens after taking `new` should be pressed back to the budget."""

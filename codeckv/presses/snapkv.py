@@ -1,8 +1,9 @@
 """SnapKV (Li et al., 2024): the last queries of the prompt (an observation window) say which earlier tokens matter.
 
-Each token scores the attention it gets from the window's queries, averaged over them and over the query heads of its
-KV head, then max-pooled over neighbouring tokens (kernel 5: a kept token brings its neighbours); the window's own
-tokens are always kept, as kvpress's SnapKVPress does.
+As kvpress 0.5.5's `kvpress/presses/snapkv_press.py` (SnapKVPress, window_size=64, kernel_size=5): the attention of
+the window's queries over every key (softmax over all of them, each query seeing the keys up to its own position) is
+averaged over those queries and, for the keys before the window, average-pooled over `kernel` neighbouring tokens per
+query head, then averaged over the query heads of each KV head; the window's own tokens are always kept.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from codeckv.presses.base import Press, window_attention
+from codeckv.presses.base import Press, Rope, grouped, kept_first, window_attention
 
 
 @dataclass(frozen=True)
 class SnapKVPress(Press):
-    """Attention from the last `window` queries, pooled over `kernel` neighbouring tokens."""
+    """Attention from the last `window` queries, average-pooled over `kernel` neighbouring tokens."""
 
     window: int = 64
     kernel: int = 5
@@ -34,9 +35,12 @@ class SnapKVPress(Press):
     def queries_read(self) -> int:
         return self.window
 
-    def scores(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
-        s = keys.shape[2]
-        attention = window_attention(keys, queries, self.window)  # (B, H, S)
-        pooled = torch.nn.functional.max_pool1d(attention, self.kernel, stride=1, padding=self.kernel // 2)
-        window = torch.arange(s, device=keys.device) >= s - min(self.window, s)
-        return torch.where(window, float("inf"), pooled)
+    def scores(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor,
+               rope: Rope | None = None) -> torch.Tensor:
+        b, h, s, _ = keys.shape
+        w = min(self.window, s - 1, queries.shape[2])  # kvpress needs more tokens than the window: a shorter chunk
+        if w < 1:  # scores with the window that leaves one key before it
+            return torch.ones(b, h, s, device=keys.device)
+        attention = window_attention(keys, queries, w)[..., : s - w]  # (B, Hq, S - w): the keys before the window
+        pooled = torch.nn.functional.avg_pool1d(attention, self.kernel, stride=1, padding=self.kernel // 2)
+        return kept_first(grouped(pooled, h).mean(dim=2), after=w)

@@ -39,6 +39,7 @@ from codeckv.measure.sweep import Sweep, sweep
 from codeckv.measure.sweep import as_dicts as sweep_dicts
 from codeckv.measure.table import write_csv, write_json
 from codeckv.models import ModelUnavailableError, model_config
+from codeckv.presses import PRESS_MODES
 from codeckv.serve.formatting import (
     codec_stats_markdown,
     human_bytes,
@@ -157,14 +158,16 @@ def needle_cells(lengths, depths, limits: Limits | None = None) -> tuple[list[in
 
 
 def needle_request(loaded: LoadedModel, lengths, depths, tiers, progress: Progress | None = None,
-                   limits: Limits | None = None, stop: StopFlag | None = None) -> NeedleGrid:
-    """Pass-key retrieval of native and every chosen tier over the chosen lengths and depths."""
+                   limits: Limits | None = None, stop: StopFlag | None = None, press_mode: str = "once") -> NeedleGrid:
+    """Pass-key retrieval of native and every chosen tier over the chosen lengths and depths; presses under
+    `press_mode` (codeckv/presses/base.py PRESS_MODES)."""
     limits = limits or Limits.from_env()
     lengths, depths = needle_cells(lengths, depths, limits)
+    press_mode = one_of(press_mode, "press protocol", PRESS_MODES)
     tiers = chosen_tiers(tiers, allow_native=False, peers=True) if tiers else []
     report = until(limits.deadline(), progress, stop)
     prepared(loaded, tiers, report)
-    return needle_grid(loaded, tiers, lengths, depths, report)
+    return needle_grid(loaded, tiers, lengths, depths, report, press_mode)
 
 
 def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: Progress | None = None,
@@ -193,8 +196,9 @@ def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: P
 
 def needle_table(grid: NeedleGrid) -> dict:
     """The grid's answers as a display table."""
-    data = [[r.tier, r.tokens, f"{r.depth:.0%}", r.key, "yes" if r.retrieved else "no", r.answer] for r in grid.rows]
-    return {"headers": ["tier", "prompt tokens", "depth", "key", "retrieved", "answer"], "data": data}
+    data = [[r.tier, r.tokens, f"{r.depth:.0%}", r.key, "yes" if r.retrieved else "no", r.press_mode, r.answer]
+            for r in grid.rows]
+    return {"headers": ["tier", "prompt tokens", "depth", "key", "retrieved", "press protocol", "answer"], "data": data}
 
 
 def chat_panels(session: ChatSession, pending: tuple[str, str, str] | None = None) -> tuple[list, list]:

@@ -1,0 +1,94 @@
+"""Record what NVIDIA kvpress's own presses keep, as the fixture tests/presses/test_kvpress_reference.py checks against.
+
+    .venv/bin/python scripts/kvpress_reference.py                                   # SmolLM2-135M, every ratio
+    .venv/bin/python scripts/kvpress_reference.py --model qwen2.5-coder-0.5b --ratios 0.5 0.75
+
+kvpress pins transformers below 5.3 and this project transformers 5.24, so kvpress runs in a virtualenv of its own
+($CODECKV_CACHE/kvpress-<version>-venv, built here once from the package registry: torch as this project pins it,
+transformers 5.2, kvpress --no-deps with the packages it imports). This script, in the project's environment, loads
+the embedded model (its converted safetensors copy is what the other side loads, so both run the same fp32 weights)
+and tokenizes the text; scripts/kvpress_worker.py, in kvpress's environment, prefills the context once with each
+press (kvpress's protocol), records the positions each layer and KV head kept, and teacher-forces the next tokens
+one at a time (KLD and top-1 against its native cache). The fixture is tests/presses/kvpress_reference/<model>.json.
+
+When kvpress releases: pass --kvpress NEW_VERSION (and --transformers if it pins another), run it for both models,
+run the test, and commit the fixtures with the versions they record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from codeckv.measure.kvpress_check import (  # noqa: E402
+    CONTEXT,
+    DECODED,
+    FIXTURES,
+    REFERENCE_PRESSES,
+    reference_text,
+)
+from codeckv.models import load_model  # noqa: E402
+from codeckv.paths import cache_dir  # noqa: E402
+from codeckv.presses import RATIOS  # noqa: E402
+
+KVPRESS_DEPS = ["accelerate<2,>=1.0.0", "cachetools<6,>=5.5.2", "datasets>=2.21.0", "fire<0.7,>=0.6.0",
+                "numpy<3,>=2.0.0", "pandas<3,>=2.2.2", "peft>=0.20.0", "requests<3,>=2.32.3", "safetensors"]
+
+
+def kvpress_venv(kvpress: str, transformers: str, torch: str) -> Path:
+    """The python of a virtualenv holding kvpress==kvpress beside transformers==transformers (built once)."""
+    venv = cache_dir() / f"kvpress-{kvpress}-venv"
+    python = venv / "bin" / "python"
+    stamp = venv / ".installed"
+    want = f"kvpress=={kvpress} transformers=={transformers} torch=={torch}"
+    if stamp.exists() and stamp.read_text() == want:
+        return python
+    print(f"building {venv} ({want}) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, f"torch=={torch}", f"transformers=={transformers}", *KVPRESS_DEPS], check=True)
+    subprocess.run([*pip, "--no-deps", f"kvpress=={kvpress}"], check=True)
+    stamp.write_text(want)
+    return python
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
+    parser.add_argument("--presses", nargs="+", default=list(REFERENCE_PRESSES), choices=list(REFERENCE_PRESSES))
+    parser.add_argument("--kvpress", default="0.5.5")
+    parser.add_argument("--transformers", default="5.2.0")
+    parser.add_argument("--out", type=Path, help="default: tests/presses/kvpress_reference/<model>.json")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    loaded = load_model(args.model)  # converts once and keeps the safetensors copy the worker loads
+    weights = cache_dir() / args.model
+    if not (weights / "model.safetensors").exists():
+        raise SystemExit(f"no converted copy of {args.model} at {weights} (an embedded model converts on first load)")
+    ids = loaded.tokenizer(reference_text(), return_tensors="pt").input_ids[0, : CONTEXT + DECODED + 1].tolist()
+    python = kvpress_venv(args.kvpress, args.transformers, torch.__version__.split("+")[0])
+    out = args.out or FIXTURES / f"{args.model}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({"model_dir": str(weights), "model": args.model, "ids": ids, "context": CONTEXT,
+                                   "presses": {name: REFERENCE_PRESSES[name] for name in args.presses},
+                                   "ratios": args.ratios}))
+        start = time.perf_counter()
+        subprocess.run([str(python), str(REPO / "scripts" / "kvpress_worker.py"), str(job), str(out)], check=True)
+    print(f"wrote {out} in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

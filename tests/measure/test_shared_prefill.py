@@ -1,0 +1,57 @@
+"""One native prefill serves every tier: a press pressed from the captured queries keeps what pressing in its own
+one-forward prefill keeps, a codec converted holds what prefilling through it holds, and native is left as it was."""
+
+import pytest
+import torch
+
+from codeckv.cache import make_cache
+from codeckv.corpus import corpus_windows
+from codeckv.measure.shared_prefill import shared_prefill
+
+
+@pytest.fixture(scope="module")
+def context(loaded):
+    return corpus_windows(loaded.tokenizer, 1, 300)
+
+
+@pytest.fixture(scope="module")
+def prefill(loaded, context):
+    return shared_prefill(loaded, context)
+
+
+@pytest.mark.parametrize("name", ["snapkv-75", "expected-50", "tova-875", "streamingllm-25",
+                                  "snapkv-50+turbo-4"])
+def test_a_press_from_the_shared_prefill_keeps_what_its_own_prefill_keeps(loaded, context, prefill, name):
+    own = make_cache(loaded, name, press_mode="once")
+    with torch.inference_mode():
+        loaded.model(input_ids=context, cache=own)
+    shared = prefill.cache_for(name)
+    for index, (a, b) in enumerate(zip(own.layers, shared.layers, strict=True)):
+        assert torch.equal(a.positions(), b.positions()), f"layer {index}: other positions kept"
+    token = torch.tensor([[42]])
+    with torch.inference_mode():
+        want = loaded.model(input_ids=token, cache=own).logits
+        got = loaded.model(input_ids=token, cache=shared).logits
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=0, msg="the next step reads the same cache")
+
+
+def test_a_question_after_the_context_is_not_pressed_once_and_is_chunked(loaded, context):
+    """'once' presses the first forward only; 'chunked' presses every prefill chunk."""
+    once, chunked = make_cache(loaded, "knorm-50"), make_cache(loaded, "knorm-50", press_mode="chunked")
+    with torch.inference_mode():
+        for cache in (once, chunked):
+            loaded.model(input_ids=context[:, :200], cache=cache)
+            loaded.model(input_ids=context[:, 200:300], cache=cache)  # the question
+    assert once.press_mode == "once" and once.layers[0].held == 100 + 100
+    assert chunked.press_mode == "chunked" and chunked.layers[0].held == 100 + 50
+    with pytest.raises(ValueError, match="allowed: once, chunked"):
+        make_cache(loaded, "knorm-50", press_mode="sometimes")
+
+
+def test_native_is_left_as_it_was_and_codecs_convert(loaded, prefill):
+    before = prefill.native.layers[0].keys.clone()
+    turbo = prefill.cache_for("turbo-4")
+    copy = prefill.cache_for("native")
+    assert turbo.get_seq_length() == copy.get_seq_length() == 300
+    assert torch.equal(prefill.native.layers[0].keys, before)
+    assert set(prefill.queries) == set(range(len(loaded.info.layer_types)))
