@@ -12,6 +12,7 @@ which can swap a near-tie at the edge of the kept set.
 import pytest
 
 from codeckv.measure.kvpress_check import FIXTURES, REFERENCE_TEXT, check_presses, load_reference
+from codeckv.models import EMBEDDED, load_model
 
 FIXTURE = FIXTURES / "smollm2-135m.json"
 pytestmark = pytest.mark.skipif(not REFERENCE_TEXT.exists(), reason=f"{REFERENCE_TEXT} missing (Debian base-files)")
@@ -29,12 +30,27 @@ def test_the_fixture_covers_every_press_at_the_fields_ratios():
     assert all(set(by_ratio) == {"0.25", "0.5", "0.75", "0.875"} for by_ratio in reference["presses"].values())
 
 
+def departures(checks) -> list[str]:
+    """The press x ratio points outside the bounds (module docstring), described."""
+    return [f"{c.press}@{c.ratio}: Jaccard mean {c.jaccard_mean:.3f} (worst layer {c.jaccard_min:.3f}), "
+            f"KLD {c.kld:.4f} vs kvpress {c.kld_kvpress:.4f}" for c in checks
+            if c.jaccard_mean < 0.98 or abs(c.kld - c.kld_kvpress) > max(0.1 * c.kld_kvpress, 0.002)]
+
+
 def test_every_press_keeps_kvpress_s_positions_and_moves_the_model_as_much(checks):
     assert len(checks) == 20
-    failures = [f"{c.press}@{c.ratio}: Jaccard mean {c.jaccard_mean:.3f} (worst layer {c.jaccard_min:.3f}), "
-                f"KLD {c.kld:.4f} vs kvpress {c.kld_kvpress:.4f}" for c in checks
-                if c.jaccard_mean < 0.98 or abs(c.kld - c.kld_kvpress) > max(0.1 * c.kld_kvpress, 0.002)]
+    failures = departures(checks)
     assert not failures, "presses that depart from kvpress:\n" + "\n".join(failures)
+
+
+@pytest.mark.skipif(not EMBEDDED["qwen2.5-coder-0.5b"].loadable(), reason="Qwen2.5-Coder not installed "
+                    "(scripts/setup.sh --qwen)")
+def test_the_same_holds_on_qwen():
+    """The second model (installed by scripts/setup.sh --qwen, not in CI): every press and ratio of its fixture."""
+    checks = check_presses(load_model("qwen2.5-coder-0.5b"), load_reference(FIXTURES / "qwen2.5-coder-0.5b.json"))
+    assert len(checks) == 20
+    failures = departures(checks)
+    assert not failures, "presses that depart from kvpress on Qwen:\n" + "\n".join(failures)
 
 
 def test_expected_attention_keeps_the_attention_sinks(checks):
