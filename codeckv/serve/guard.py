@@ -1,5 +1,8 @@
 """The app's handlers wrapped so that any failure reaches the browser as a clear gr.Error, never a stack trace.
 
+The message stays on the page until it is closed (Gradio's default toast fades after 10 s, leaving the outputs a
+bare "Error"): a long request that ran past its time budget says so to whoever comes back to it.
+
     @guarded
     def chat_turn(...): ...         # plain functions and generators (streamed handlers) alike
 """
@@ -12,6 +15,7 @@ import inspect
 import gradio as gr
 
 from codeckv.models import ModelUnavailableError
+from codeckv.serve.limits import BudgetExceeded, Stopped
 
 
 def guarded(handler):
@@ -20,9 +24,13 @@ def guarded(handler):
     def explain(err: Exception) -> gr.Error:
         if isinstance(err, gr.Error):
             return err
+        if isinstance(err, BudgetExceeded):
+            return gr.Error(str(err), duration=None, title="Time budget spent")
+        if isinstance(err, Stopped):
+            return gr.Error(str(err), duration=None, title="Stopped")
         if isinstance(err, ValueError | ModelUnavailableError):
-            return gr.Error(str(err))
-        return gr.Error(f"{type(err).__name__}: {err}")
+            return gr.Error(str(err), duration=None)
+        return gr.Error(f"{type(err).__name__}: {err}", duration=None)
 
     if inspect.isgeneratorfunction(handler):
 

@@ -101,6 +101,7 @@ def test_long_text_sweep_with_error_bars(page):
         tables = page.locator("#sweep-results").inner_text()
     page.wait_for_timeout(2000)  # let the charts draw
     page.screenshot(path=str(SHOTS / "sweep.png"), full_page=True)
-    assert all(name in tables for name in SWEPT) and "±" in tables, tables
+    said = page.locator(".toast-body").all_inner_texts()  # an error's message stays on the page (serve/guard.py)
+    assert all(name in tables for name in SWEPT) and "±" in tables, f"table: {tables!r}; the page said: {said}"
     assert page.locator(".js-plotly-plot").count() >= 2, "the sweep's charts did not render"
     assert figure_layout_problems(page) == []
