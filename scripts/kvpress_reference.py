@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/kvpress_reference.py                                   # SmolLM2-135M, every ratio
     .venv/bin/python scripts/kvpress_reference.py --model qwen2.5-coder-0.5b --ratios 0.5 0.75
+    .venv/bin/python scripts/kvpress_reference.py --check [--model M]     # codeckv beside the fixture: a table
 
 kvpress pins transformers below 5.3 and this project transformers 5.24, so kvpress runs in a virtualenv of its own
 ($CODECKV_CACHE/kvpress-<version>-venv, built here once from the package registry: torch as this project pins it,
@@ -60,6 +61,23 @@ def kvpress_venv(kvpress: str, transformers: str, torch: str) -> Path:
     return python
 
 
+def print_check(model: str, fixture: Path) -> None:
+    """codeckv's presses on the fixture's tokens beside kvpress's record, as a Markdown table."""
+    from codeckv.measure.kvpress_check import check_presses, load_reference
+
+    start = time.perf_counter()
+    reference = load_reference(fixture)
+    rows = check_presses(load_model(model), reference)
+    print(f"| press | evicted | kept positions shared (Jaccard: mean, worst layer) | KLD codeckv | KLD kvpress "
+          f"{reference['kvpress']} | top-1 codeckv / kvpress |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r.press} | {r.ratio:.1%} | {r.jaccard_mean:.4f}, {r.jaccard_min:.4f} | {r.kld:.4f} | "
+              f"{r.kld_kvpress:.4f} | {r.top1_pct:.1f}% / {r.top1_pct_kvpress:.1f}% |")
+    print(f"{model}, {reference['context']}-token context pressed once, {reference['decoded']} tokens teacher-forced; "
+          f"took {time.perf_counter() - start:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -67,8 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--presses", nargs="+", default=list(REFERENCE_PRESSES), choices=list(REFERENCE_PRESSES))
     parser.add_argument("--kvpress", default="0.5.5")
     parser.add_argument("--transformers", default="5.2.0")
-    parser.add_argument("--out", type=Path, help="default: tests/presses/kvpress_reference/<model>.json")
+    parser.add_argument("--out", type=Path, help="default: assets/kvpress-reference/<model>.json")
+    parser.add_argument("--check", action="store_true",
+                        help="record nothing: print codeckv's presses beside the committed fixture (Markdown)")
     args = parser.parse_args(argv)
+    if args.check:
+        print_check(args.model, args.out or FIXTURES / f"{args.model}.json")
+        return
 
     import torch
 

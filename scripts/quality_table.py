@@ -6,8 +6,11 @@
     .venv/bin/python scripts/quality_table.py --ratio       # Qwen's KLD over SmolLM2's, per tier and text
     .venv/bin/python scripts/quality_table.py --tiers int8 turbo-4 fp8-e4m3   # the headline's rows of these only
 
-Reads assets/quality-<model>[-<source>].csv (written by `python -m codeckv quality [--source S] --out ...`) and
-prints Markdown. Rows keep the order of the corpus CSV; a source whose CSV is missing is left out.
+Reads assets/quality-<model>[-<source>].csv (written by `python -m codeckv quality [--source S] --out ...`) and the
+presses' rows beside it, assets/quality-<model>[-<source>]-presses.csv (1,024-token contexts pressed once: marked ‡),
+and prints Markdown. Rows keep the order of the corpus CSVs; a source whose CSV is missing is left out. "stores" is
+what each cache keeps per token seen in its own format, bf16 for raw tokens (codeckv.measure.quality.stored_vs_bf16):
+a press at the share it keeps, native at 100%.
 """
 
 from __future__ import annotations
@@ -15,16 +18,27 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from codeckv.measure.quality import stored_vs_bf16  # noqa: E402
+
 SOURCES = {"corpus": "", "docstrings": "-docstrings", "bible": "-bible"}
 SHORT = {"smollm2-135m": "SmolLM2", "qwen2.5-coder-0.5b": "Qwen", "gemma3-270m": "Gemma 3"}  # column headers
 
 
 def _rows(model: str, source: str) -> dict[str, dict]:
-    path = ROOT / "assets" / f"quality-{model}{SOURCES[source]}.csv"
-    return {row["tier"]: row for row in csv.DictReader(path.open())} if path.exists() else {}
+    """The text's rows of both CSVs, the presses' (all but their native) after the others."""
+    rows = {}
+    for suffix in ("", "-presses"):
+        path = ROOT / "assets" / f"quality-{model}{SOURCES[source]}{suffix}.csv"
+        if path.exists():
+            rows |= {row["tier"]: row for row in csv.DictReader(path.open())
+                     if not (suffix and row["tier"] == "native")}
+    return rows
 
 
 def _num(row: dict, key: str) -> float:
@@ -39,7 +53,8 @@ def _kld(value: float) -> str:
 
 
 def _name(row: dict) -> str:
-    return f"`{row['tier']}`" + ("" if row.get("reference", "native") == "native" else " †")
+    marks = ("" if row.get("reference", "native") == "native" else " †") + (" ‡" if row.get("press_mode") else "")
+    return f"`{row['tier']}`" + marks
 
 
 def headline(models: list[str], tiers: list[str] | None = None) -> str:
@@ -55,7 +70,7 @@ def headline(models: list[str], tiers: list[str] | None = None) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for tier in order:
         first = next(rows[tier] for m in models for rows in texts[m].values() if tier in rows)
-        cells = [_name(first), f"{100 * _num(first, 'ratio_vs_bf16'):.1f}%"]
+        cells = [_name(first), f"{100 * stored_vs_bf16(first):.1f}%"]
         for model in models:
             for rows in texts[model].values():
                 cells.append(_kld(_num(rows[tier], "kld")) if tier in rows else "")
@@ -71,7 +86,7 @@ def full(model: str, source: str) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for row in rows.values():
         lines.append("| " + " | ".join([
-            _name(row), f"{100 * _num(row, 'ratio_vs_bf16'):.1f}%",
+            _name(row), f"{100 * stored_vs_bf16(row):.1f}%",
             f"{_kld(_num(row, 'kld'))} ± {_kld(_num(row, 'kld_se'))}", _kld(_num(row, "kld_p999")),
             _kld(_num(row, "kld_max")), f"{_num(row, 'top1_pct'):.1f} ± {_num(row, 'top1_se'):.1f}",
             f"{_num(row, 'delta_nll_pct'):+.2f} ± {_num(row, 'delta_nll_se'):.2f}",
