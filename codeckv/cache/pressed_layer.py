@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from codeckv.cache.rope import RopeAt
+from codeckv.cache.rope import RotaryAt
 from codeckv.presses import Budget, Rope, check_press_mode, keep_indices
 
 PRESS_TAG = "codeckv_press"  # attribute of the keys a pressing layer returns (codeckv.cache.attention reads it)
@@ -60,7 +60,7 @@ class PressedLayer:
         return keys, values
 
     @torch.inference_mode()
-    def press(self, queries: torch.Tensor, rope_at: RopeAt | None = None) -> None:
+    def press(self, queries: torch.Tensor, rope_at: RotaryAt | None = None) -> None:
         """Evict the tier's press's share of the prefill just attended to (queries (B, Hq, T, D), the prefill's;
         rope_at: the model's rotary embedding for this layer, codeckv/cache/rope.py): its raw tokens after the sinks,
         the same count in every KV head (codeckv/presses/base.py)."""
@@ -79,7 +79,7 @@ class PressedLayer:
         if tokens < 2:
             return
         seen = self.length + self.evicted  # the position the next token takes
-        rope = Rope(rope_at, seen) if rope_at is not None else None
+        rope = Rope(rope_at, seen, rope_at.interleaved) if rope_at is not None else None
         keep = keep_indices(self.tier.press, keys, values, queries[:, :, -tokens:], keep_count, rope)  # (B, H, k)
         positions = self.positions()
         start = positions.shape[2] - tokens
@@ -89,7 +89,7 @@ class PressedLayer:
         self.evicted += tokens - keep.shape[2]
         self._held_changed()
 
-    def press_context(self, queries: torch.Tensor, rope_at: RopeAt | None = None) -> None:
+    def press_context(self, queries: torch.Tensor, rope_at: RotaryAt | None = None) -> None:
         """Press every token this layer holds as the context's prefill, just attended to by `queries` (B, Hq, S, D):
         the "once" protocol applied to tokens the layer adopted (CodecCache.from_cache) instead of prefilling."""
         if self.tier.press is None or self.window is not None or self.evicted:

@@ -5,18 +5,18 @@ from the queries codeckv's attention function sees, with the model's own rotary 
 statistics to the coming positions with it. `remember_rotary(model)` (called by use_codec_attention) notes, for each
 attention module, the model's rotary embedding and the layer type it is called with (Gemma-3 keeps one per type);
 `rope_at(module)` then gives the function positions (P,) -> (cos, sin) (P, R) float32, or None for a model whose
-positions are not rotary (absolute position embeddings): its queries never rotate.
+positions are not rotary (absolute position embeddings): its queries never rotate. Most families rotate channel i
+with channel i + R/2 (transformers' rotate_half); Llama 4 rotates neighbours (2i, 2i + 1) by a complex product, and
+its function says so (`interleaved`), with (cos, sin) given per pair, repeated as rotate_half lays them out.
 """
 
 from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Callable
 
 import torch
 
-RopeAt = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 _ROTARY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> (rotary module, layer type)
 
 
@@ -48,18 +48,32 @@ def attention_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
             if isinstance(getattr(module, "layer_idx", None), int) and hasattr(module, "head_dim")}
 
 
-def rope_at(module: torch.nn.Module) -> RopeAt | None:
-    """positions (P,) -> the (cos, sin) (P, R) float32 that the model rotates `module`'s queries and keys with at
-    those positions; None where the model has no rotary embedding noted (remember_rotary)."""
-    noted = _ROTARY.get(module)
-    if noted is None:
-        return None
-    rotary, layer_type = noted
+class RotaryAt:
+    """positions (P,) -> (cos, sin) (P, R) float32 of one layer's rotary embedding; `interleaved`: the model rotates
+    neighbouring channels (2i, 2i + 1) rather than (i, i + R/2)."""
 
-    def at(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __init__(self, rotary: torch.nn.Module, layer_type: str | None) -> None:
+        self.rotary, self.layer_type = rotary, layer_type
+        self.interleaved = torch.is_complex(self._raw(torch.zeros(1, dtype=torch.long))[0])
+
+    def _raw(self, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         probe = torch.zeros(1, dtype=torch.float32, device=positions.device)
         ids = positions[None].to(torch.long)
-        cos, sin = rotary(probe, ids) if layer_type is None else rotary(probe, ids, layer_type)
+        out = self.rotary(probe, ids) if self.layer_type is None else self.rotary(probe, ids, self.layer_type)
+        return out if isinstance(out, tuple) else (out,)
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self._raw(positions)
+        if self.interleaved:  # Llama 4's freqs_cis (1, P, R/2): one angle per pair of neighbours
+            angles = out[0][0].reshape(len(positions), -1)
+            cos, sin = angles.real.float(), angles.imag.float()
+            return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+        cos, sin = out
         return cos[0].float(), sin[0].float()
 
-    return at
+
+def rope_at(module: torch.nn.Module) -> RotaryAt | None:
+    """The (cos, sin) the model rotates `module`'s queries and keys with, at any positions (RotaryAt); None where the
+    model has no rotary embedding noted (remember_rotary)."""
+    noted = _ROTARY.get(module)
+    return RotaryAt(*noted) if noted is not None else None

@@ -47,10 +47,13 @@ def check_press_mode(mode: str) -> str:
 class Rope:
     """The model's rotary embedding, seen from a layer being pressed: `at(positions)` gives (cos, sin), each (P, R)
     float32, as the model applies them to the first R channels of a head (rotate_half convention; the others are not
-    rotated); `future` is the position the next token will take (the queries given are those just before it)."""
+    rotated); `future` is the position the next token will take (the queries given are those just before it);
+    `interleaved`: the model pairs neighbouring channels (2i, 2i + 1) instead (Llama 4), (cos, sin) laid out as
+    for rotate_half."""
 
     at: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     future: int
+    interleaved: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ token's score. The first `sinks` tokens are always kept (the attention sinks).
 
 The queries reach a press after RoPE (codeckv's attention function sees them so); the press turns them back with
 the model's own rotary embedding at their positions (Rope), which is exact up to rounding. A model without a rotary
-embedding (absolute positions) has queries that never rotate: R is the identity.
+embedding (absolute positions) has queries that never rotate: R is the identity. A model that rotates neighbouring
+channels (Llama 4) has its queries and keys laid out as rotate_half pairs first (the same permutation of both: the
+scores are dot products, which it leaves as they are).
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     """RoPE's pairing of channel i with channel i + R/2 (transformers' rotate_half)."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _half_pairs(x: torch.Tensor) -> torch.Tensor:
+    """Channels paired as neighbours (2i, 2i + 1) laid out as rotate_half pairs (i, i + D/2): evens, then odds."""
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
 
 def _before_rope(queries: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -77,7 +84,8 @@ class ExpectedAttentionPress(Press):
 
     def query_statistics(self, queries: torch.Tensor, rope: Rope | None, whole: bool):
         """Mean (B, Hq, D) and covariance (B, Hq, D, D) of the coming queries, after the averaged rotation. `whole`:
-        the queries are the prefill's own from its first token, whose first `sinks` are left out."""
+        the queries are the prefill's own from its first token, whose first `sinks` are left out. The queries are
+        laid out as rotate_half pairs (_half_pairs)."""
         q = queries.float()
         t, d = q.shape[2], q.shape[3]
         if rope is not None:
@@ -99,6 +107,8 @@ class ExpectedAttentionPress(Press):
                rope: Rope | None = None) -> torch.Tensor:
         b, h, s, d = keys.shape
         sinks = min(self.sinks, s - 1)
+        if rope is not None and rope.interleaved:
+            keys, queries = _half_pairs(keys), _half_pairs(queries)
         mean, cov = self.query_statistics(queries, rope, whole=queries.shape[2] == s)
         k = keys[:, :, sinks:].float()  # (B, H, S', D)
         logits = torch.einsum("bhgd,bhsd->bhgs", grouped(mean, h), k) / math.sqrt(d)
