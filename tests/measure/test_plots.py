@@ -4,6 +4,7 @@ has no clipped or overlapping titles, legends or labels (tests/figure_layout.py)
 import csv
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,18 @@ def test_pareto_draws_error_bars_from_the_standard_errors():
     assert list(points.error_y.array) == [0.002, 0.001] and points.error_y.visible
     with pytest.raises(ValueError, match="allowed: kld, delta_nll_pct"):
         plots.pareto_figure(rows, "psnr")
+
+
+def test_a_press_sits_left_of_native_at_the_share_it_keeps():
+    """The x axis counts every family alike (stored_vs_bf16): an fp32 native run is a bf16 cache at 1.0, a press
+    alone the share it keeps, even where the run held its kept tokens in fp32 (ratio_vs_bf16 1.2)."""
+    rows = [{"tier": "native", "ratio_vs_bf16": 2.0, "steady_state_ratio": 2.0, "archive_bytes": 40, "kld": 0.0},
+            {"tier": "snapkv-50", "ratio_vs_bf16": 1.2, "steady_state_ratio": math.nan, "stored_vs_bf16": 0.6,
+             "archive_bytes": 24, "kld": 0.01}]
+    figure = plots.pareto_figure(rows, "kld")
+    x = {name: value for trace in figure.data[1:] for name, value in zip(trace.text, trace.x)}
+    assert x == {"native": 1.0, "snapkv-50": 0.6}
+    assert "per token seen" in figure.layout.xaxis.title.text
 
 
 def _csv_rows(name: str) -> list[dict]:

@@ -43,6 +43,20 @@ def test_png_is_exact_and_lossy_tiers_report_bytes_and_spread(loaded):
     assert run.scores["jpeg-k8-int8"].kld.shape == (2, 48) and len(run.scored_tokens) == 48
 
 
+def test_every_family_stores_what_it_keeps_per_token_seen(loaded):
+    """One bytes axis (measure/quality.py stored_vs_bf16): native a bf16 cache (100%), a press alone the share it
+    keeps in bf16, a press with a codec that share in the codec's bytes; the prefix and protocol are named."""
+    tiers = [TIERS["turbo-4"], TIERS["snapkv-75"], TIERS["snapkv-75+turbo-4"]]
+    rows = {r.tier: r for r in measure_quality(loaded, tiers, windows=1, length=160, prefix=128).rows}
+    native, press, both, turbo = rows["native"], rows["snapkv-75"], rows["snapkv-75+turbo-4"], rows["turbo-4"]
+    assert native.stored_vs_bf16 == 1.0 and native.ratio_vs_bf16 == 2.0, "fp32 on CPU, counted as a bf16 cache"
+    kept = (32 + 32) / 160  # 128 * 0.25 of the prefix, then the 32 scored tokens, unpressed
+    assert press.kept_share == pytest.approx(kept) and press.stored_vs_bf16 == pytest.approx(kept)
+    assert both.stored_vs_bf16 == pytest.approx(kept * turbo.steady_state_ratio)
+    assert turbo.stored_vs_bf16 == turbo.steady_state_ratio and turbo.kept_share == 1.0
+    assert press.prefix_tokens == 128 and press.press_mode == "once" and turbo.press_mode == ""
+
+
 # A tier scored in a smaller lockstep batch meets the model's matrix products at another batch size, which may round
 # differently and flip a few of a lossy codec's rounding decisions. Measured over six emulated CPUs
 # (scripts/float_noise.py, "split"; assets/float-noise.csv): at most 8e-6 of a KLD and 0.0023 points of ΔNLL; a Xeon
