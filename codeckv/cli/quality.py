@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-file", help="measure on this UTF-8 text file instead")
     parser.add_argument("--pca-bits", type=bits_list, default=[], metavar="B,B,...",
                         help="also PCA tiers at these bits per element (rows pca-<B>b: the PCA frontier)")
+    parser.add_argument("--shared-prefill", action="store_true",
+                        help="prefill each window's prefix natively once and build every tier from it (the once "
+                             "protocol; tiers only, no peers): measure/shared_quality.py, far faster for many tiers")
     parser.add_argument("--out", help="CSV path (default out/quality-<model>[-<source>].csv)")
     parser.add_argument("--update", action="store_true",
                         help="keep the other rows of the CSV at --out (measured on the same text, windows and length "
@@ -44,8 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from codeckv.measure.peers import PEER_NAMES, run_for
     from codeckv.measure.quality import as_dicts, measure_quality
+    from codeckv.measure.shared_quality import shared_quality
     from codeckv.measure.table import format_table, merge_rows, numbers, write_csv
-    from codeckv.tiers import TIERS, pca_tier
+    from codeckv.tiers import TIERS, Tier, pca_tier
 
     tiers = [run_for(name) for name in args.tiers or [*TIERS, *PEER_NAMES]]
     tiers += [pca_tier(bits) for bits in args.pca_bits]
@@ -53,8 +57,15 @@ def run(args: argparse.Namespace) -> None:
     loaded = load(args)
     bar, progress = forward_bar("quality")
     start = time.perf_counter()
-    result = measure_quality(loaded, tiers, args.windows, args.length, args.source, text, progress, args.prefix,
-                             args.press_mode)
+    if args.shared_prefill:
+        if args.press_mode != "once" or any(not isinstance(t, Tier) for t in tiers):
+            raise SystemExit("--shared-prefill measures tiers under the once protocol (allowed: --press-mode once, "
+                             "tier names only, no peers)")
+        result = shared_quality(loaded, tiers, args.windows, args.length, args.prefix or (args.length + 1) // 2,
+                                args.source, text, progress)
+    else:
+        result = measure_quality(loaded, tiers, args.windows, args.length, args.source, text, progress, args.prefix,
+                                 args.press_mode)
     bar.close()
     rows = as_dicts(result.rows)
     columns = ["tier", "stored_vs_bf16", "ratio_vs_bf16", "held_bytes", "kld", "kld_se", "kld_p99", "kld_max",
