@@ -7,6 +7,7 @@ import torch
 from codeckv.cache import make_cache
 from codeckv.corpus import corpus_windows
 from codeckv.measure.shared_prefill import shared_prefill
+from codeckv.tiers import get_tier
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +56,20 @@ def test_native_is_left_as_it_was_and_codecs_convert(loaded, prefill):
     assert turbo.get_seq_length() == copy.get_seq_length() == 300
     assert torch.equal(prefill.native.layers[0].keys, before)
     assert set(prefill.queries) == set(range(len(loaded.info.layer_types)))
+
+
+def test_quality_from_one_prefill_scores_as_lockstep(loaded):
+    """measure/shared_quality.py against measure_quality on the same windows: a press alone (its scored tokens in one
+    forward) and a codec (one at a time) move the model as much, up to the rounding of another batch shape."""
+    from codeckv.measure.quality import measure_quality
+    from codeckv.measure.shared_quality import shared_quality
+
+    tiers = ["snapkv-75", "turbo-4"]
+    lockstep = {r.tier: r for r in measure_quality(loaded, [get_tier(t) for t in tiers], windows=2, length=160,
+                                                   prefix=128).rows}
+    shared = {r.tier: r for r in shared_quality(loaded, tiers, windows=2, length=160, prefix=128).rows}
+    assert list(shared) == ["native", *tiers] and shared["native"].kld == 0.0
+    for name in tiers:
+        a, b = lockstep[name], shared[name]
+        assert b.kld == pytest.approx(a.kld, rel=2e-3, abs=1e-6), name
+        assert b.stored_vs_bf16 == pytest.approx(a.stored_vs_bf16) and b.windows == 2 and b.prefix_tokens == 128
