@@ -3,8 +3,9 @@
 import pytest
 
 from codeckv.figures.plots import needle_figure
-from codeckv.measure.needle import needle_grid, needle_key, needle_prompt
-from codeckv.tiers import TIERS
+from codeckv.measure.needle import needle_grid, needle_key, needle_prompt, question_start
+from codeckv.presses import SnapKVPress
+from codeckv.tiers import TIERS, Tier
 
 
 def test_prompt_length_and_key_position(loaded):
@@ -27,3 +28,22 @@ def test_grid_native_retrieves_and_png_matches_it(loaded):
     assert len(needle_figure(grid).data) == 2
     with pytest.raises(ValueError, match="context of 8192"):
         needle_grid(loaded, [TIERS["png"]], [9000], [0.0])
+
+
+def test_a_press_answers_under_the_protocol_it_was_asked_for(loaded):
+    """'once': the context before the question pressed once, the question not; 'chunked': every chunk pressed. A
+    press that keeps everything answers as native does under either."""
+    key = needle_key(300, 0.5)
+    ids = needle_prompt(loaded, 300, 0.5, key)
+    split = question_start(loaded, ids)
+    assert "What is the pass key?" in loaded.tokenizer.decode(ids[0, split:])
+    assert "What is the pass key?" not in loaded.tokenizer.decode(ids[0, :split]) and split > 250
+    keeps_all = Tier("snapkv-0", "", press=SnapKVPress(0.0))
+    for mode in ("once", "chunked"):
+        grid = needle_grid(loaded, [keeps_all, TIERS["snapkv-50"]], [300], [0.5], press_mode=mode)
+        rows = {row.tier: row for row in grid.rows}
+        assert rows["snapkv-0"].answer == rows["native"].answer, mode
+        assert rows["snapkv-50"].press_mode == rows["snapkv-0"].press_mode == mode and rows["native"].press_mode == ""
+        assert rows["snapkv-50"].ratio_vs_bf16 < rows["native"].ratio_vs_bf16, "half the context evicted"
+    with pytest.raises(ValueError, match="allowed: once, chunked"):
+        needle_grid(loaded, [TIERS["snapkv-50"]], [300], [0.5], press_mode="never")
