@@ -119,7 +119,7 @@ def check_presses(loaded: LoadedModel, reference: dict, presses: list[str] | Non
     """Every press and ratio of the fixture (or those asked) in codeckv's cache beside kvpress's record."""
     ids = reference_ids(loaded, reference)
     prefill = shared_prefill(loaded, ids[:, :CONTEXT])
-    native = _logprobs(loaded, prefill.cache_for("native"), ids)
+    native = _logprobs(loaded, prefill.cache_for(get_tier("native")), ids)
     heads = loaded.info.num_kv_heads
     rows = []
     for name, by_ratio in reference["presses"].items():

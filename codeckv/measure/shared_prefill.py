@@ -1,9 +1,9 @@
 """One native prefill serving every tier: under the "once" protocol each tier's cache is a function of it.
 
     prefill = shared_prefill(loaded, ids)           # (1, S) ids: native DynamicCache + each layer's queries
-    cache = prefill.cache_for("snapkv-50")          # pressed once with the captured queries, as kvpress does
-    cache = prefill.cache_for("turbo-4")            # converted: the same archive as prefilling through it
-    cache = prefill.cache_for("native")             # a copy of the native cache
+    cache = prefill.cache_for(TIERS["snapkv-50"])   # pressed once with the captured queries, as kvpress does
+    cache = prefill.cache_for(TIERS["turbo-4"])     # converted: the same archive as prefilling through it
+    cache = prefill.cache_for(TIERS["native"])      # a copy of the native cache
     prefill.logits                                  # (B, vocab) the prefill's prediction of the next token
 
 A codec stores what native computed (CodecCache.from_cache); a press scores the prefill's keys with the queries the
@@ -26,7 +26,7 @@ from codeckv.cache.attention import captured_queries, use_codec_attention
 from codeckv.cache.calibration import calibration_for
 from codeckv.cache.rope import attention_modules, rope_at
 from codeckv.loaded import LoadedModel
-from codeckv.tiers import Tier, as_tier
+from codeckv.tiers import Tier
 
 
 @dataclass
@@ -39,10 +39,9 @@ class SharedPrefill:
     queries: dict[int, torch.Tensor]  # layer index -> (B, Hq, S, D) the queries its attention read (RoPE applied)
     logits: torch.Tensor  # (B, vocab) float32, the prediction of the token after the context
 
-    def cache_for(self, tier: Tier | str, materialization_free: bool | None = None) -> Cache:
+    def cache_for(self, tier: Tier, materialization_free: bool | None = None) -> Cache:
         """A fresh cache of `tier` holding the context, as if the context had been prefilled through it in one forward
         ("once"); native's own cache stays untouched."""
-        tier = as_tier(tier)
         if tier.is_native:
             return copy.deepcopy(self.native)
         modules = attention_modules(self.loaded.model)

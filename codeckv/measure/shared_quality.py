@@ -1,6 +1,6 @@
 """Quality rows from one native prefill per window: every tier built from it, under the "once" protocol.
 
-    run = shared_quality(loaded, ["snapkv-50", "expected-75", "snapkv-50+turbo-4"], windows=4, length=1280,
+    run = shared_quality(loaded, [TIERS["snapkv-50"], get_tier("snapkv-875+turbo-4")], windows=4, length=1280,
                          prefix=1024)     # the same QualityRun as measure_quality's, on the same windows
 
 measure_quality (measure/lockstep.py) feeds every cache its window token by token, a prefill per cache. Under the
@@ -23,7 +23,7 @@ from codeckv.loaded import LoadedModel
 from codeckv.measure.lockstep import Reference, Scores, kl_divergence
 from codeckv.measure.quality import QualityRun, _row
 from codeckv.measure.shared_prefill import shared_prefill
-from codeckv.tiers import TIERS, Tier, as_tier
+from codeckv.tiers import TIERS, Tier
 
 Progress = Callable[[int, int, str], None]  # (tier caches done, in all, message); may raise to stop
 
@@ -46,7 +46,7 @@ def _score(loaded: LoadedModel, cache, scored: torch.Tensor, one_forward: bool) 
 
 def shared_quality(
     loaded: LoadedModel,
-    tiers: list[Tier | str],
+    tiers: list[Tier],
     windows: int = 4,
     length: int = 1280,
     prefix: int = 1024,
@@ -55,7 +55,6 @@ def shared_quality(
     progress: Progress | None = None,
 ) -> QualityRun:
     """Native and every tier on `windows` windows of `length` tokens, each window's first `prefix` prefilled once."""
-    tiers = [as_tier(t) for t in tiers]
     if not tiers:
         raise ValueError("choose at least one tier")
     if not 1 <= prefix <= length - 1:

@@ -26,7 +26,7 @@ def test_a_press_from_the_shared_prefill_keeps_what_its_own_prefill_keeps(loaded
     own = make_cache(loaded, name, press_mode="once")
     with torch.inference_mode():
         loaded.model(input_ids=context, cache=own)
-    shared = prefill.cache_for(name)
+    shared = prefill.cache_for(get_tier(name))
     for index, (a, b) in enumerate(zip(own.layers, shared.layers, strict=True)):
         assert torch.equal(a.positions(), b.positions()), f"layer {index}: other positions kept"
     token = torch.tensor([[42]])
@@ -51,8 +51,8 @@ def test_a_question_after_the_context_is_not_pressed_once_and_is_chunked(loaded,
 
 def test_native_is_left_as_it_was_and_codecs_convert(loaded, prefill):
     before = prefill.native.layers[0].keys.clone()
-    turbo = prefill.cache_for("turbo-4")
-    copy = prefill.cache_for("native")
+    turbo = prefill.cache_for(get_tier("turbo-4"))
+    copy = prefill.cache_for(get_tier("native"))
     assert turbo.get_seq_length() == copy.get_seq_length() == 300
     assert torch.equal(prefill.native.layers[0].keys, before)
     assert set(prefill.queries) == set(range(len(loaded.info.layer_types)))
@@ -67,7 +67,8 @@ def test_quality_from_one_prefill_scores_as_lockstep(loaded):
     tiers = ["snapkv-75", "turbo-4"]
     lockstep = {r.tier: r for r in measure_quality(loaded, [get_tier(t) for t in tiers], windows=2, length=160,
                                                    prefix=128).rows}
-    shared = {r.tier: r for r in shared_quality(loaded, tiers, windows=2, length=160, prefix=128).rows}
+    shared = {r.tier: r for r in shared_quality(loaded, [get_tier(t) for t in tiers], windows=2, length=160,
+                                                prefix=128).rows}
     assert list(shared) == ["native", *tiers] and shared["native"].kld == 0.0
     for name in tiers:
         a, b = lockstep[name], shared[name]
