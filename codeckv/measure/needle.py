@@ -190,7 +190,8 @@ def needle_grid(
                     cache = native if tier.is_native else filled_from(native, Run(loaded, tier.name, tier))
                     ratio = footprint(cache).ratio
                     answer = _answer(loaded, cache, first, stop_ids)
-                mode = (press_mode if not isinstance(tier.press, Budget) else "budget") if tier.evicts else ""
+                evicts = getattr(tier, "evicts", False)  # a peer has no press
+                mode = (press_mode if not isinstance(tier.press, Budget) else "budget") if evicts else ""
                 rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, key in answer, answer, ratio,
                                       press_mode=mode))
             done += 1
