@@ -116,7 +116,7 @@ def use_codec_attention(model) -> None:
     """Make `model` attend through codec_attention (safe for any cache: non-codec layers still use SDPA).
 
     A model without an SDPA path (Gemma-2's softcapped scores, gpt-oss's learned sinks) keeps its own attention:
-    codec caches then hold a decoded view for it (codec_cache.codes_reason).
+    codec caches then hold a decoded view for it (reasons.codes_reason).
     """
     if model.config._attn_implementation == ATTENTION or not getattr(model, "_supports_sdpa", True):
         return

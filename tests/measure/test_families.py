@@ -10,7 +10,7 @@ from codeckv.tiers import TIERS, pca_tier
 # PCA tier at another budget: 46 families x every tier is the suite's longest test
 TIER_LIST = [*(t for t in TIERS.values() if t.press is None or t.press.ratio in (0.0, 0.5, 0.75)), pca_tier(3.2)]
 NO_FULL_ATTENTION = {"mistral", "gemma3_text", "falcon_h1", "recurrent_gemma"}  # windows, hybrids
-CODES_UNREADABLE = {  # why attention cannot read the codes of these families' caches (codec_cache.codes_reason)
+CODES_UNREADABLE = {  # why attention cannot read the codes of these families' caches (cache/reasons.py codes_reason)
     "falcon": "does not attend through codeckv's attention", "bloom": "does not attend through codeckv's attention",
     "mpt": "does not attend through codeckv's attention", "gpt_oss": "does not attend through codeckv's attention",
     "deepseek_v2": "multi-head latent attention", "deepseek_v3": "multi-head latent attention",
