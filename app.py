@@ -13,13 +13,11 @@ import gradio as gr
 
 from codeckv.cache.schedule import MAX_SCHEDULE_CHARS
 from codeckv.corpus import corpus_text
-from codeckv.figures.plots import needle_figure
 from codeckv.measure.chat import ChatSession
-from codeckv.measure.needle import as_dicts as needle_dicts
 from codeckv.measure.peers import PEER_NAMES, PEERS, absent_reason
 from codeckv.measure.table import write_csv
 from codeckv.models import DEFAULT_MODEL
-from codeckv.presses import PRESS_MODES
+from codeckv.presses import PRESS_MODE_MEANING, PRESS_MODES
 from codeckv.serve.formatting import (
     model_markdown,
 )
@@ -63,7 +61,7 @@ from codeckv.serve.service import (
     model_shape,
     needle_cells,
     needle_request,
-    needle_table,
+    needle_views,
     preparation_text,
     sweep_downloads,
     sweep_pareto,
@@ -185,16 +183,14 @@ def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens,
 @guarded
 def run_needle(lengths, depths, tiers, model_name, press_mode="once", stop=None, progress=gr.Progress()):  # noqa: B008
     """Pass-key retrieval of native and every chosen tier over prompt lengths and key depths."""
-    needle_cells(lengths, depths)  # refused before a model is touched
-    one_of(press_mode, "press protocol", PRESS_MODES)
+    needle_cells(lengths, depths, press_mode=press_mode)  # refused before a model is touched
     report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
     try:
         with POOL.lease(model_name) as loaded:
             grid = needle_request(loaded, lengths, depths, tiers, report, stop=fresh_stop(stop), press_mode=press_mode)
     finally:
         release_memory()
-    path = write_csv(needle_dicts(grid.rows), REPORTS.fresh() / "needle.csv")
-    return needle_figure(grid), needle_table(grid), str(path)
+    return needle_views(grid, REPORTS.fresh())
 
 
 @gpu(duration=LONG_GPU_SECONDS)
@@ -369,9 +365,8 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             needle_depths = gr.CheckboxGroup(list(NEEDLE_DEPTHS), value=["0%", "50%", "100%"], label="depth of the key")
         needle_tiers = gr.CheckboxGroup([*CODEC_TIERS, *PEER_NAMES], value=["turbo-4", "jpeg-k2"],
                                         label="tiers and peers (beside native)")
-        needle_protocol = gr.Radio(list(PRESS_MODES), value="once", label="press protocol",
-                                   info="once: the context pressed once after its prefill, the question not (kvpress); "
-                                        "chunked: every prefill chunk pressed as it arrives (memory-bounded)")
+        needle_protocol = gr.Radio(list(PRESS_MODES), value="once", label="press protocol", info="; ".join(
+            f"{mode}: {meaning}" for mode, meaning in PRESS_MODE_MEANING.items()))
         with gr.Row():
             needle_button = gr.Button("Run needle test", variant="primary", scale=4)
             needle_stop = gr.Button("Stop", scale=1)

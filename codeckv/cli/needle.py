@@ -9,7 +9,7 @@ from pathlib import Path
 
 from codeckv.cli.common import file_stem, forward_bar, load, write_figures
 from codeckv.cli.types import positive, run_name
-from codeckv.presses.base import PRESS_MODES
+from codeckv.presses.base import PRESS_MODE_MEANING, PRESS_MODES
 
 NAME = "needle"
 HELP = "pass-key retrieval per tier over prompt lengths and key depths"
@@ -23,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiers", nargs="+", type=run_name, default=["turbo-4", "turbo-3", "int8", "jpeg-k2"],
                         help="tier or peer names (default turbo-4 turbo-3 int8 jpeg-k2)")
     parser.add_argument("--press-mode", choices=PRESS_MODES, default="once",
-                        help="a press's protocol: once = the context (all before the question) pressed once after "
-                             "its prefill, as kvpress (default); chunked = every prefill chunk pressed as it arrives")
+                        help="a press's protocol (default once; the context is all before the question): "
+                             + "; ".join(f"{mode} = {meaning}" for mode, meaning in PRESS_MODE_MEANING.items()))
     parser.add_argument("--out", help="CSV path (default out/needle-<model>.csv)")
     parser.add_argument("--charts", help="folder for the heatmap (default out/needle-<model>)")
 
@@ -48,9 +48,9 @@ def run(args: argparse.Namespace) -> None:
     for reason in grid.absent:
         print(reason)
     presses = any(row.press_mode for row in grid.rows)
-    print(f"retrieved / depths {', '.join(f'{d:g}' for d in grid.depths)}"
-          + (f"; presses {args.press_mode} (kvpress's protocol)" if presses and args.press_mode == "once" else
-             f"; presses {args.press_mode}" if presses else "") + f"; took {time.perf_counter() - start:.1f} s")
+    protocol = f"; presses {args.press_mode}: {PRESS_MODE_MEANING[args.press_mode]}" if presses else ""
+    print(f"retrieved / depths {', '.join(f'{d:g}' for d in grid.depths)}{protocol}; "
+          f"took {time.perf_counter() - start:.1f} s")
     stem = f"needle-{file_stem(loaded.info.name)}"
     written = write_csv(as_dicts(grid.rows), args.out or f"out/{stem}.csv")  # before the charts, as in quality
     paths = write_figures(lambda figures: {"needle": figures.plots.needle_figure(grid)},

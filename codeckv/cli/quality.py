@@ -9,10 +9,8 @@ from pathlib import Path
 
 from codeckv.cli.common import file_stem, forward_bar, load, write_figures
 from codeckv.cli.types import bits_list, positive, run_name
-from codeckv.presses.base import PRESS_MODES
+from codeckv.presses.base import PRESS_MODE_MEANING, PRESS_MODES
 
-PROTOCOLS = {"once": "the context pressed once after its prefill, as kvpress", "chunked": "every prefill chunk "
-             "pressed as it arrives"}
 NAME = "quality"
 HELP = "per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread"
 
@@ -24,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens prefilled per window before the scored ones, the context a press evicts from "
                              "(default half the window; the committed press rows: --length 1280 --prefix 1024)")
     parser.add_argument("--press-mode", choices=PRESS_MODES, default="once",
-                        help="a press's protocol: once = the prefix pressed once after its prefill (kvpress's, the "
-                             "default); chunked = every prefill chunk pressed as it arrives (memory-bounded)")
+                        help="a press's protocol (default once): " + "; ".join(f"{mode} = {meaning}" for mode, meaning
+                                                                                in PRESS_MODE_MEANING.items()))
     parser.add_argument("--tiers", nargs="*", type=run_name,
                         help="tier or peer names, llama.cpp's KV types too (default: every tier, every peer installed)")
     parser.add_argument("--source", default="corpus", choices=["corpus", "docstrings", "bible"],
@@ -75,7 +73,7 @@ def run(args: argparse.Namespace) -> None:
         print(reason)
     where = "a text file" if text is not None else f"the {args.source}"
     presses = any(row["press_mode"] for row in rows)
-    protocol = f"; presses: {args.press_mode} ({PROTOCOLS[args.press_mode]})" if presses else ""
+    protocol = f"; presses: {args.press_mode} ({PRESS_MODE_MEANING[args.press_mode]})" if presses else ""
     print(f"{args.windows} windows x {args.length} tokens of {where}, {result.reference.prefix} prefilled and "
           f"{result.reference.positions} scored each{protocol}; took {time.perf_counter() - start:.1f} s")
     suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"

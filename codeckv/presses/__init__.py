@@ -4,7 +4,16 @@ PRESSES names each press class, as the tiers' names do (codeckv/tiers.py: "snapk
 "snapkv-875" SnapKVPress(ratio=0.875)).
 """
 
-from codeckv.presses.base import PRESS_MODES, RATIOS, Press, Rope, check_press_mode, keep_indices, kept_count
+from codeckv.presses.base import (
+    PRESS_MODE_MEANING,
+    PRESS_MODES,
+    RATIOS,
+    Press,
+    Rope,
+    check_press_mode,
+    keep_indices,
+    kept_count,
+)
 from codeckv.presses.budget import Budget
 from codeckv.presses.expected_attention import ExpectedAttentionPress
 from codeckv.presses.knorm import KnormPress
@@ -20,5 +29,6 @@ PRESSES: dict[str, type[Press]] = {
     "expected": ExpectedAttentionPress,
 }
 
-__all__ = ["PRESSES", "PRESS_MODES", "RATIOS", "Budget", "ExpectedAttentionPress", "KnormPress", "Press", "Rope",
-           "SnapKVPress", "StreamingLLMPress", "TOVAPress", "check_press_mode", "keep_indices", "kept_count"]
+__all__ = ["PRESSES", "PRESS_MODES", "PRESS_MODE_MEANING", "RATIOS", "Budget", "ExpectedAttentionPress", "KnormPress",
+           "Press", "Rope", "SnapKVPress", "StreamingLLMPress", "TOVAPress", "check_press_mode", "keep_indices",
+           "kept_count"]

@@ -34,6 +34,10 @@ import torch
 
 RATIOS = (0.25, 0.5, 0.75, 0.875)  # the shares evicted kvpress's leaderboard reports; any 0 <= ratio < 1 is allowed
 PRESS_MODES = ("once", "chunked")  # when a press acts (module docstring); "once" is the default
+PRESS_MODE_MEANING = {  # each protocol in a line, as the CLI's help and output and the app's Needle tab say it
+    "once": "the context pressed once after its prefill, what follows not (kvpress's protocol)",
+    "chunked": "every prefill chunk pressed as it arrives (memory-bounded streaming)",
+}
 
 
 def check_press_mode(mode: str) -> str:

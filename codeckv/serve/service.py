@@ -25,12 +25,13 @@ from codeckv.cache.pca_layer import tokens_before_coder
 from codeckv.cache.saved_format import tier_from_spec
 from codeckv.cache.saved_load import read_header
 from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure, worst_tier
-from codeckv.figures.plots import memory_figure, pareto_figure
+from codeckv.figures.plots import memory_figure, needle_figure, pareto_figure
 from codeckv.loaded import LoadedModel
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.inspection import inspect_tier
 from codeckv.measure.memory import beside_native, memory_rows, modes_of
 from codeckv.measure.needle import NeedleGrid, needle_grid
+from codeckv.measure.needle import as_dicts as needle_dicts
 from codeckv.measure.peers import Peer
 from codeckv.measure.quality import QualityRun, measure_quality
 from codeckv.measure.quality import as_dicts as quality_dicts
@@ -144,9 +145,12 @@ INSPECT_GPU_SECONDS = estimate_seconds(forwards=2 * Limits().max_inspect_tokens 
 LONG_GPU_SECONDS = MAX_SECONDS  # a sweep or a needle grid asks for the longest slot a visitor may hold
 
 
-def needle_cells(lengths, depths, limits: Limits | None = None) -> tuple[list[int], list[float]]:
-    """The chosen lengths (tokens) and depths (fractions), checked against the choices and the budget."""
+def needle_cells(lengths, depths, limits: Limits | None = None,
+                 press_mode: str = "once") -> tuple[list[int], list[float]]:
+    """The chosen lengths (tokens) and depths (fractions), checked against the choices and the budget, and the press
+    protocol against PRESS_MODES."""
     limits = limits or Limits.from_env()
+    one_of(press_mode, "press protocol", PRESS_MODES)
     if not isinstance(lengths, list | tuple) or not lengths or not isinstance(depths, list | tuple) or not depths:
         raise ValueError("choose at least one length and one depth")
     lengths = sorted({int(one_of(str(n), "prompt tokens", map(str, NEEDLE_LENGTHS))) for n in lengths})
@@ -162,8 +166,7 @@ def needle_request(loaded: LoadedModel, lengths, depths, tiers, progress: Progre
     """Pass-key retrieval of native and every chosen tier over the chosen lengths and depths; presses under
     `press_mode` (codeckv/presses/base.py PRESS_MODES)."""
     limits = limits or Limits.from_env()
-    lengths, depths = needle_cells(lengths, depths, limits)
-    press_mode = one_of(press_mode, "press protocol", PRESS_MODES)
+    lengths, depths = needle_cells(lengths, depths, limits, press_mode)
     tiers = chosen_tiers(tiers, allow_native=False, peers=True) if tiers else []
     report = until(limits.deadline(), progress, stop)
     prepared(loaded, tiers, report)
@@ -192,6 +195,12 @@ def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: P
             for r in rows]
     figures = {"held": memory_figure(rows), "peak": memory_figure(rows, "peak_held_bytes", "Peak held over the turn")}
     return {"headers": headers, "data": data}, figures, rows
+
+
+def needle_views(grid: NeedleGrid, folder: Path) -> tuple[go.Figure, dict, str]:
+    """The Needle tab's outputs: the retrieval heatmap, the answers table, and the path of the grid's CSV in folder."""
+    path = write_csv(needle_dicts(grid.rows), folder / "needle.csv")
+    return needle_figure(grid), needle_table(grid), str(path)
 
 
 def needle_table(grid: NeedleGrid) -> dict:
