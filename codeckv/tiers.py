@@ -113,6 +113,12 @@ class Tier:
         each chunk in attention), not be converted from a native one."""
         return self.press is not None or any(tier.press is not None for _, tier in self.per_layer)
 
+    @property
+    def coded(self) -> bool:
+        """True when some layer stores its tokens through a codec (a key/value pair or a joint coder); False for
+        native and a press alone, whose tokens stay as the model made them."""
+        return self.key is not None or self.joint is not None or any(tier.coded for _, tier in self.per_layer)
+
     def for_head_dims(self, key_dim: int, value_dim: int) -> Tier:
         """This tier with its codecs fitted to keys of key_dim and values of value_dim channels (codecs/fit.py):
         itself where they fit already (every preset on head_dim 64, 128, 256)."""

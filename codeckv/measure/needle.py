@@ -160,7 +160,6 @@ def needle_grid(
             with torch.inference_mode():
                 for lo in range(0, ids.shape[1], PREFILL_CHUNK):
                     first = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], native)[0]
-            split = question_start(loaded, ids)
             context = None  # the context prefilled once for every press (press_mode "once"), when one needs it
             for tier in tiers[::-1]:  # native last: answering extends the cache the others are filled from
                 if isinstance(tier, Peer):
@@ -173,10 +172,10 @@ def needle_grid(
                                               str(err).splitlines()[0]))
                         continue
                 elif tier.evicts and press_mode == "once" and not isinstance(tier.press, Budget):
-                    context = context or shared_prefill(loaded, ids[:, :split])
+                    context = context or shared_prefill(loaded, ids[:, : question_start(loaded, ids)])
                     cache = context.cache_for(tier)
                     with torch.inference_mode():  # the question, not pressed
-                        own = next_logits(loaded.model, ids[:, split:], cache)[0]
+                        own = next_logits(loaded.model, ids[:, context.ids.shape[1] :], cache)[0]
                     ratio = footprint(cache).ratio
                     answer = _answer(loaded, cache, own, stop_ids)
                 elif tier.evicts:  # chunked (or a token budget): the cache prefills itself, pressing as it goes

@@ -159,7 +159,7 @@ def measure_quality(
         reference, got = lockstep(loaded.model, data, built, prefix, reference, step(names), chunk)
         for tier, cache, tier_scores in zip(group, built, got):
             scores[tier.name], caches[tier.name] = tier_scores, cache
-    rows = [_row(tier, reference, scores[tier.name], caches[tier.name], label, windows, length, press_mode)
+    rows = [quality_row(tier, reference, scores[tier.name], caches[tier.name], label, length, press_mode)
             for tier in runs]
     if llama:
         base = done
@@ -183,24 +183,27 @@ def stored_vs_bf16(row: dict) -> float:
     return steady if steady == steady else float(row["ratio_vs_bf16"])
 
 
-def _row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, source: str, windows: int, length: int,
-         press_mode: str):
+def quality_row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, source: str, length: int,
+                press_mode: str, rows: int | None = None) -> QualityRow:
+    """A tier's row from its scores on the reference's windows; `cache` holds `rows` of them (default: every window,
+    as lockstep feeds them), so its bytes are per window."""
+    windows = reference.windows.shape[0]
+    rows = rows or windows
     peer = isinstance(tier, Peer)
     fp = peer_footprint(cache) if peer else footprint(cache)
     stats = compare(reference, scores)
     entropy = None if peer else entropy_coded_bytes(cache)
-    coded = tier.key is not None or tier.joint is not None or bool(tier.per_layer) if not peer else True
     return QualityRow(
         tier=tier.name,
         description=tier.description,
-        archive_bytes=fp.archive_bytes // windows,
-        bf16_bytes=fp.bf16_bytes // windows,
-        held_bytes=(fp.resident_bytes if peer else held_bytes(cache)) // windows,
+        archive_bytes=fp.archive_bytes // rows,
+        bf16_bytes=fp.bf16_bytes // rows,
+        held_bytes=(fp.resident_bytes if peer else held_bytes(cache)) // rows,
         attention={PEER_ATTENTION: len(cache.layers)} if peer else attention_counts(cache),
         ratio_vs_bf16=fp.ratio,
         steady_state_ratio=fp.steady_state_ratio if not tier.is_native else fp.ratio,
         kept_share=fp.kept_share if not peer else 1.0,
-        stored_vs_bf16=fp.ratio if peer else fp.stored_ratio(coded),
+        stored_vs_bf16=fp.ratio if peer else fp.stored_ratio(tier.coded),
         kld=stats.kld.mean,
         kld_se=stats.kld.se,
         top1_pct=stats.top1_pct.mean,
@@ -208,7 +211,7 @@ def _row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, source:
         nll=stats.nll,
         delta_nll_pct=stats.delta_nll_pct.mean,
         delta_nll_se=stats.delta_nll_pct.se,
-        entropy_coded_bytes=entropy // windows if entropy else None,
+        entropy_coded_bytes=entropy // rows if entropy else None,
         source=source,
         windows=windows,
         tokens_per_window=length,

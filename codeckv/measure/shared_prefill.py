@@ -37,6 +37,7 @@ class SharedPrefill:
     ids: torch.Tensor  # (B, S) the context
     native: DynamicCache  # holding the context; left as it is by cache_for
     queries: dict[int, torch.Tensor]  # layer index -> (B, Hq, S, D) the queries its attention read (RoPE applied)
+    rope: dict  # layer index -> its rotary embedding (cache/rope.py RotaryAt, None without one), for the presses
     logits: torch.Tensor  # (B, vocab) float32, the prediction of the token after the context
 
     def cache_for(self, tier: Tier, materialization_free: bool | None = None) -> Cache:
@@ -44,10 +45,8 @@ class SharedPrefill:
         ("once"); native's own cache stays untouched."""
         if tier.is_native:
             return copy.deepcopy(self.native)
-        modules = attention_modules(self.loaded.model)
-        rope = {index: rope_at(module) for index, module in modules.items()}
         return CodecCache.from_cache(self.native, tier, materialization_free, calibration_for(self.loaded, tier),
-                                     queries=self.queries, rope=rope)
+                                     queries=self.queries, rope=self.rope)
 
 
 @torch.inference_mode()
@@ -57,4 +56,5 @@ def shared_prefill(loaded: LoadedModel, ids: torch.Tensor) -> SharedPrefill:
     native = DynamicCache(config=loaded.model.config)
     with captured_queries() as queries:
         logits = loaded.model(input_ids=ids, cache=native, use_cache=True, logits_to_keep=1).logits[:, -1].float()
-    return SharedPrefill(loaded, ids, native, dict(queries), logits)
+    rope = {index: rope_at(module) for index, module in attention_modules(loaded.model).items()}
+    return SharedPrefill(loaded, ids, native, dict(queries), rope, logits)

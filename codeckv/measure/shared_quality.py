@@ -21,16 +21,11 @@ import torch
 from codeckv.corpus import source_text, text_windows
 from codeckv.loaded import LoadedModel
 from codeckv.measure.lockstep import Reference, Scores, kl_divergence
-from codeckv.measure.quality import QualityRun, _row
+from codeckv.measure.quality import QualityRun, quality_row
 from codeckv.measure.shared_prefill import shared_prefill
 from codeckv.tiers import TIERS, Tier
 
 Progress = Callable[[int, int, str], None]  # (tier caches done, in all, message); may raise to stop
-
-
-def _raw_after_prefix(tier: Tier) -> bool:
-    """True when the tier keeps tokens fed after the prefix as they are (no codec): one forward scores them all."""
-    return tier.key is None and tier.joint is None and not tier.per_layer
 
 
 @torch.inference_mode()
@@ -71,7 +66,7 @@ def shared_quality(
         prefill = shared_prefill(loaded, ids[:, :prefix])
         for tier in runs:
             cache = prefill.cache_for(tier, materialization_free=False)  # archiving from its first unit (raw_until=0)
-            got = _score(loaded, cache, ids[:, prefix:-1], _raw_after_prefix(tier)).cpu()  # (positions, vocab)
+            got = _score(loaded, cache, ids[:, prefix:-1], not tier.coded).cpu()  # (positions, vocab)
             if tier.is_native:
                 native.append(got)
             metrics[tier.name].append((-got.gather(-1, target).squeeze(-1), kl_divergence(native[w], got),
@@ -85,8 +80,7 @@ def shared_quality(
     targets = data[:, prefix + 1 :]
     reference = Reference(data.cpu(), prefix, logprobs, -logprobs.gather(-1, targets[..., None]).squeeze(-1))
     scores = {name: Scores(*(torch.stack(parts) for parts in zip(*per_window))) for name, per_window in metrics.items()}
-    rows = [_row(tier, reference, scores[tier.name], caches[tier.name], label, 1, length, "once") for tier in runs]
-    for row in rows:
-        row.windows = windows
+    rows = [quality_row(tier, reference, scores[tier.name], caches[tier.name], label, length, "once", rows=1)
+            for tier in runs]  # each tier's cache holds one window
     tokens = [loaded.tokenizer.decode([t]) for t in reference.targets[0].tolist()]
     return QualityRun(rows, reference, scores, tokens)

@@ -97,7 +97,6 @@ def _mean_psnr(capture, tier: Tier, calibration: Calibration | None) -> float:
 
 
 def _row(cmp: Comparison, psnr: float, tier: Tier) -> SweepRow:
-    coded = tier.key is not None or tier.joint is not None or bool(tier.per_layer)
     return SweepRow(
         tier=cmp.tier,
         description=cmp.description,
@@ -105,7 +104,7 @@ def _row(cmp: Comparison, psnr: float, tier: Tier) -> SweepRow:
         bf16_bytes=cmp.codec.bf16_bytes,
         ratio_vs_bf16=cmp.ratio_vs_bf16,
         steady_state_ratio=cmp.steady_state_ratio,
-        stored_vs_bf16=cmp.codec.footprint.stored_ratio(coded),
+        stored_vs_bf16=cmp.codec.footprint.stored_ratio(tier.coded),
         kld=cmp.kld,
         top1_pct=cmp.top1_pct,
         nll=cmp.nll_codec,
