@@ -5,6 +5,7 @@
     .venv/bin/python scripts/quality_table.py --full bible --model qwen2.5-coder-0.5b
     .venv/bin/python scripts/quality_table.py --ratio       # Qwen's KLD over SmolLM2's, per tier and text
     .venv/bin/python scripts/quality_table.py --tiers int8 turbo-4 fp8-e4m3   # the headline's rows of these only
+    .venv/bin/python scripts/quality_table.py --presses -presses-4k --tiers snapkv-50 ...   # presses on 4k contexts
 
 Reads assets/quality-<model>[-<source>].csv (written by `python -m codeckv quality [--source S] --out ...`) and the
 presses' rows beside it, assets/quality-<model>[-<source>]-presses.csv (1,024-token contexts pressed once: marked ‡),
@@ -30,10 +31,14 @@ SOURCES = {"corpus": "", "docstrings": "-docstrings", "bible": "-bible"}
 SHORT = {"smollm2-135m": "SmolLM2", "qwen2.5-coder-0.5b": "Qwen", "gemma3-270m": "Gemma 3"}  # column headers
 
 
-def _rows(model: str, source: str) -> dict[str, dict]:
-    """The text's rows of both CSVs, the presses' (all but their native) after the others."""
+PRESSES = "-presses"  # the presses' CSVs: assets/quality-<model>[-<source>]<suffix>.csv (--presses)
+
+
+def _rows(model: str, source: str, presses: str = PRESSES) -> dict[str, dict]:
+    """The text's rows of both CSVs, the presses' (all but their native, from the file `presses` names) after the
+    others."""
     rows = {}
-    for suffix in ("", "-presses"):
+    for suffix in ("", presses):
         path = ROOT / "assets" / f"quality-{model}{SOURCES[source]}{suffix}.csv"
         if path.exists():
             rows |= {row["tier"]: row for row in csv.DictReader(path.open())
@@ -57,10 +62,10 @@ def _name(row: dict) -> str:
     return f"`{row['tier']}`" + marks
 
 
-def headline(models: list[str], tiers: list[str] | None = None) -> str:
+def headline(models: list[str], tiers: list[str] | None = None, presses: str = PRESSES) -> str:
     """Every row of the models' corpus CSVs (the first model's order), or those of `tiers`, what it stores, and per
     model its KLD on each text and its top-1 on the Bible (the text furthest from every calibration)."""
-    texts = {m: {s: rows for s in SOURCES if (rows := _rows(m, s))} for m in models}
+    texts = {m: {s: rows for s in SOURCES if (rows := _rows(m, s, presses))} for m in models}
     order = list(dict.fromkeys(tier for m in models for rows in texts[m].values() for tier in rows))
     order = [tier for tier in order if tiers is None or tier in tiers]
     head = ["cache", "stores (vs bf16)"]
@@ -80,8 +85,8 @@ def headline(models: list[str], tiers: list[str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def full(model: str, source: str) -> str:
-    rows = _rows(model, source)
+def full(model: str, source: str, presses: str = PRESSES) -> str:
+    rows = _rows(model, source, presses)
     head = ["cache", "vs bf16", "KLD ± se", "KLD 99.9%", "KLD max", "top-1 % ± se", "ΔNLL % ± se", "RMS Δp"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for row in rows.values():
@@ -118,11 +123,14 @@ def main() -> None:
     parser.add_argument("--full", choices=list(SOURCES), help="one text's whole table instead of the headline")
     parser.add_argument("--ratio", action="store_true", help="the second model's KLD over the first's, per text")
     parser.add_argument("--tiers", nargs="+", help="the headline's rows of these caches only")
+    parser.add_argument("--presses", default=PRESSES,
+                        help="suffix of the presses' CSVs (default -presses: 1,024-token contexts; -presses-4k: 4,096)")
     args = parser.parse_args()
     if args.ratio:
         print(ratios(args.model))
     else:
-        print(full(args.model[0], args.full) if args.full else headline(args.model, args.tiers))
+        print(full(args.model[0], args.full, args.presses) if args.full
+              else headline(args.model, args.tiers, args.presses))
 
 
 if __name__ == "__main__":
