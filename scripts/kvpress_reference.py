@@ -74,7 +74,8 @@ def print_check(model: str, fixture: Path) -> None:
     for r in rows:
         print(f"| {r.press} | {r.ratio:.1%} | {r.jaccard_mean:.4f}, {r.jaccard_min:.4f} | {r.kld:.4f} | "
               f"{r.kld_kvpress:.4f} | {r.top1_pct:.1f}% / {r.top1_pct_kvpress:.1f}% |")
-    print(f"{model}, {reference['context']}-token context pressed once, {reference['decoded']} tokens teacher-forced; "
+    print(f"{model}, {reference.get('text', 'GPL-3')}: {reference['context']}-token context pressed once, "
+          f"{reference['decoded']} tokens teacher-forced; "
           f"took {time.perf_counter() - start:.0f} s")
 
 
@@ -83,14 +84,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
     parser.add_argument("--presses", nargs="+", default=list(REFERENCE_PRESSES), choices=list(REFERENCE_PRESSES))
+    parser.add_argument("--text", default="GPL-3", help="a licence of /usr/share/common-licenses (default GPL-3; "
+                        "another is written to <model>-<text>.json)")
     parser.add_argument("--kvpress", default="0.5.5")
     parser.add_argument("--transformers", default="5.2.0")
     parser.add_argument("--out", type=Path, help="default: assets/kvpress-reference/<model>.json")
     parser.add_argument("--check", action="store_true",
                         help="record nothing: print codeckv's presses beside the committed fixture (Markdown)")
     args = parser.parse_args(argv)
+    named = f"{args.model}.json" if args.text == "GPL-3" else f"{args.model}-{args.text}.json"
+    fixture = args.out or FIXTURES / named
     if args.check:
-        print_check(args.model, args.out or FIXTURES / f"{args.model}.json")
+        print_check(args.model, fixture)
         return
 
     import torch
@@ -99,13 +104,15 @@ def main(argv: list[str] | None = None) -> None:
     weights = cache_dir() / args.model
     if not (weights / "model.safetensors").exists():
         raise SystemExit(f"no converted copy of {args.model} at {weights} (an embedded model converts on first load)")
-    ids = loaded.tokenizer(reference_text(), return_tensors="pt").input_ids[0, : CONTEXT + DECODED + 1].tolist()
+    ids = loaded.tokenizer(reference_text(args.text), return_tensors="pt").input_ids[0, : CONTEXT + DECODED + 1]
+    ids = ids.tolist()
     python = kvpress_venv(args.kvpress, args.transformers, torch.__version__.split("+")[0])
-    out = args.out or FIXTURES / f"{args.model}.json"
+    out = fixture
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.json"
-        job.write_text(json.dumps({"model_dir": str(weights), "model": args.model, "ids": ids, "context": CONTEXT,
+        job.write_text(json.dumps({"model_dir": str(weights), "model": args.model, "text": args.text, "ids": ids,
+                                   "context": CONTEXT,
                                    "presses": {name: REFERENCE_PRESSES[name] for name in args.presses},
                                    "ratios": args.ratios}))
         start = time.perf_counter()

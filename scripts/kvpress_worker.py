@@ -59,7 +59,7 @@ def main(job_path: str, out_path: str) -> None:
         native_cache = DynamicCache()
         model(input_ids=prompt, past_key_values=native_cache, use_cache=True)
         native = decode(model, native_cache, ids, context)
-    result = {"kvpress": importlib.metadata.version("kvpress"),
+    result = {"kvpress": importlib.metadata.version("kvpress"), "text": job.get("text", "GPL-3"),
               "transformers": transformers.__version__, "torch": torch.__version__, "model": job["model"],
               "context": context, "decoded": native.shape[0], "ids_head": ids[:8], "presses": {}}
     for name, cls in job["presses"].items():

@@ -12,8 +12,9 @@ attends exactly as single steps do (causal mask, nothing pressed after the conte
 context is prefilled once for every press (measure/shared_prefill.py: each press then scores the captured queries,
 as it would in its own prefill, which tests/measure/test_shared_prefill.py checks). Kept
 positions are compared per layer: Jaccard = |ours ∩ kvpress's| / |ours ∪ kvpress's| over (KV head, position) pairs.
-The text is the GNU GPL version 3 as Debian ships it (/usr/share/common-licenses/GPL-3): prose of another domain than
-the corpus, and on every Debian machine.
+The texts are licences as Debian ships them (/usr/share/common-licenses/): the GNU GPL version 3 (the fixtures
+<model>.json) and the Mozilla Public License 1.1 (<model>-MPL-1.1.json), prose of another domain than the corpus, on
+every Debian machine. A fixture names its text.
 """
 
 from __future__ import annotations
@@ -33,18 +34,21 @@ from codeckv.measure.shared_prefill import shared_prefill
 from codeckv.tiers import get_tier, ratio_tag
 
 CONTEXT, DECODED = 1024, 128  # tokens pressed once, tokens teacher-forced after them
-REFERENCE_TEXT = Path("/usr/share/common-licenses/GPL-3")
+LICENCES = Path("/usr/share/common-licenses")
+REFERENCE_TEXT = LICENCES / "GPL-3"  # the default text
 FIXTURES = Path(__file__).resolve().parents[2] / "assets" / "kvpress-reference"
 REFERENCE_PRESSES = {"streamingllm": "StreamingLLMPress", "snapkv": "SnapKVPress", "knorm": "KnormPress",
                      "tova": "TOVAPress", "expected": "ExpectedAttentionPress"}  # codeckv name -> kvpress class
 
 
-def reference_text() -> str:
-    """The GPL-3 text the reference is recorded on; a clear error where the file is missing."""
-    if not REFERENCE_TEXT.exists():
-        raise FileNotFoundError(f"{REFERENCE_TEXT} is missing (Debian's base-files ships it): the kvpress reference "
-                                "is recorded on that text")
-    return REFERENCE_TEXT.read_text()
+def reference_text(name: str = REFERENCE_TEXT.name) -> str:
+    """The licence text `name` (of /usr/share/common-licenses) a reference is recorded on; a clear error where the
+    file is missing."""
+    path = LICENCES / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing (Debian's base-files ships it): the kvpress reference is recorded "
+                                "on that text")
+    return path.read_text()
 
 
 @dataclass
@@ -107,7 +111,8 @@ def _logprobs(loaded: LoadedModel, cache, ids: torch.Tensor) -> torch.Tensor:
 
 def reference_ids(loaded: LoadedModel, reference: dict) -> torch.Tensor:
     """(1, CONTEXT + DECODED) the token ids the fixture was recorded on, checked against its first ones."""
-    ids = loaded.tokenizer(reference_text(), return_tensors="pt").input_ids[:, : reference["context"] + 1 +
+    text = reference_text(reference.get("text", REFERENCE_TEXT.name))
+    ids = loaded.tokenizer(text, return_tensors="pt").input_ids[:, : reference["context"] + 1 +
                                                                               reference["decoded"]]
     if ids[0, :8].tolist() != reference["ids_head"] or reference["context"] != CONTEXT:
         raise ValueError("the fixture was recorded on other tokens: re-run scripts/kvpress_reference.py")
