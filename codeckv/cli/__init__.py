@@ -1,4 +1,4 @@
-"""Command line: codeckv quality|sweep|needle|inspect|memory|prefill|latency|saved-size|resume|pca-size|allocate|
+"""Command line: codeckv quality|sweep|needle|ruler|inspect|memory|prefill|latency|saved-size|resume|pca-size|allocate|
 calibrate|families (python -m codeckv)
 
 Tables on stdout, progress bars on stderr; CSV, JSON and HTML files under out/ unless --out / --charts
@@ -31,11 +31,12 @@ from codeckv.cli import (
     prefill,
     quality,
     resume,
+    ruler,
     saved_size,
     sweep,
 )
 
-COMMANDS = (quality, sweep, inspect_kv, needle, memory, prefill, latency, allocate, saved_size, resume, pca_size,
+COMMANDS = (quality, sweep, inspect_kv, needle, ruler, memory, prefill, latency, allocate, saved_size, resume, pca_size,
             calibrate, families)
 
 

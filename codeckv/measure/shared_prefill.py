@@ -16,6 +16,7 @@ queries cost Hq / (2 H) of the native cache again (GQA: 1.5x on SmolLM2, 3.5x on
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -50,11 +51,12 @@ class SharedPrefill:
 
 
 @torch.inference_mode()
-def shared_prefill(loaded: LoadedModel, ids: torch.Tensor) -> SharedPrefill:
-    """Prefill `ids` (B, S) natively in one forward, capturing every layer's queries (module docstring)."""
+def shared_prefill(loaded: LoadedModel, ids: torch.Tensor, capture_queries: bool = True) -> SharedPrefill:
+    """Prefill `ids` (B, S) natively in one forward, capturing every layer's queries (module docstring); without
+    `capture_queries` (no press will be built from it) none are kept."""
     use_codec_attention(loaded.model)  # the attention function that captures the queries
     native = DynamicCache(config=loaded.model.config)
-    with captured_queries() as queries:
+    with captured_queries() if capture_queries else nullcontext({}) as queries:
         logits = loaded.model(input_ids=ids, cache=native, use_cache=True, logits_to_keep=1).logits[:, -1].float()
     rope = {index: rope_at(module) for index, module in attention_modules(loaded.model).items()}
     return SharedPrefill(loaded, ids, native, dict(queries), rope, logits)

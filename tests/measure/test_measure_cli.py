@@ -104,3 +104,19 @@ def test_quality_update_replaces_and_adds_rows_of_the_same_native_run(tmp_path, 
     assert main(["quality", "--tiers", "int8", "--update", "--source", "bible", *small]) == 1
     assert "was not measured against this native run" in capsys.readouterr().err
     assert list(csv.DictReader(out.open()))[3]["tier"] == "turbo-4", "a refused update leaves the CSV as it was"
+
+
+def test_ruler_cli_writes_rulers_columns_and_update_measures_only_what_is_missing(tmp_path, capsys):
+    out = tmp_path / "ruler.csv"
+    small = ["ruler", "--lengths", "512", "--tasks", "niah_single_1", "--samples", "1", "--out", str(out)]
+    assert main([*small, "--tiers", "int8"]) == 0
+    assert "RULER average" in capsys.readouterr().out
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[:7] == ["task", "length", "tier", "samples", "score", "score_se", "seconds"]
+    assert [r["tier"] for r in rows] == ["int8", "native"]
+    assert main([*small, "--tiers", "int8", "turbo-4", "--update"]) == 0
+    with out.open() as f:
+        assert [r["tier"] for r in csv.DictReader(f)] == ["int8", "native", "turbo-4"]
+    assert main([*small, "--tiers", "int8", "--update", "--seed", "7"]) == 1  # other samples: refused
+    assert "measured with --seed 0" in capsys.readouterr().err

@@ -1,0 +1,108 @@
+"""codeckv ruler: RULER-style long-context scores per tier and length, one native prefill per sample."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+from codeckv.cli.common import file_stem, forward_bar, load, set_threads
+from codeckv.cli.types import count, positive, run_name
+from codeckv.presses.base import PRESS_MODE_MEANING, PRESS_MODES
+
+NAME = "ruler"
+HELP = "RULER-style long-context tasks per tier and length (score 0-100), one native prefill per sample"
+DEFAULT_TIERS = ["int8", "turbo-4", "turbo-3", "snapkv-50", "expected-50"]
+SAME = ("samples", "seed", "haystack")  # what every row of one CSV shares (--update)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from codeckv.measure.long_tasks import TASK_NAMES
+    from codeckv.measure.long_tasks.haystack import DEFAULT_HAYSTACK
+
+    parser.add_argument("--lengths", type=positive, nargs="+", default=[4096],
+                        help="prompt + answer budget in tokens (default 4096; the field: 4096 8192 16384 ...)")
+    parser.add_argument("--tasks", nargs="+", choices=TASK_NAMES, default=list(TASK_NAMES), metavar="TASK",
+                        help=f"default: all 13 ({', '.join(TASK_NAMES)})")
+    parser.add_argument("--samples", type=positive, default=4, help="samples per task and length (default 4)")
+    parser.add_argument("--seed", type=count, default=0, help="draws the samples (default 0)")
+    parser.add_argument("--tiers", nargs="+", type=run_name, default=DEFAULT_TIERS,
+                        help=f"tier, peer or llama.cpp type names (default {' '.join(DEFAULT_TIERS)}); native always")
+    parser.add_argument("--press-mode", choices=PRESS_MODES, default="once",
+                        help="a press's protocol (default once: its cache built from the shared prefill): "
+                             + "; ".join(f"{mode} = {meaning}" for mode, meaning in PRESS_MODE_MEANING.items()))
+    parser.add_argument("--haystack", default=DEFAULT_HAYSTACK,
+                        help="the essay haystack: corpus, docstrings, bible (default) or a UTF-8 text file")
+    parser.add_argument("--threads", type=count, default=0, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--out", help="CSV path (default out/ruler-<model>.csv), written after every task")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the rows of the CSV at --out (same --samples, --seed, --haystack) and measure "
+                             "only the (task, length, tier) rows it lacks: resumes an interrupted run")
+
+
+def _read(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def run(args: argparse.Namespace) -> None:
+    from codeckv.measure.long_tasks.haystack import haystack_text
+    from codeckv.measure.peers import run_for
+    from codeckv.measure.ruler import as_dicts, check_grid, row_key, ruler_grid
+    from codeckv.measure.table import format_table, write_csv
+
+    tiers = [run_for(name) for name in args.tiers]
+    haystack_text(args.haystack)  # a bad file is said before the model loads
+    set_threads(args.threads)
+    loaded = load(args)
+    check_grid(loaded, args.tasks, args.lengths, args.samples)
+    out = Path(args.out or f"out/ruler-{file_stem(loaded.info.name)}.csv")
+    kept = _read(out) if args.update and out.exists() else []
+    for row in kept:
+        for column in SAME:
+            if str(row[column]) != str(getattr(args, column)):
+                raise ValueError(f"{out} was measured with --{column} {row[column]}, not {getattr(args, column)}: "
+                                 "update a CSV measured on the same samples, or write a new one")
+    rows = list(kept)
+
+    def written(cell: list) -> None:
+        rows.extend(as_dicts(cell))
+        write_csv(rows, out)
+
+    bar, progress = forward_bar("ruler", unit="sample")
+    start = time.perf_counter()
+    try:
+        new = ruler_grid(loaded, tiers, args.tasks, args.lengths, args.samples, args.seed, args.haystack,
+                         args.press_mode, progress, {row_key(r) for r in kept}, written)
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"interrupted: {out} holds the {len(rows)} rows done; --update resumes", file=sys.stderr)
+        raise
+    bar.close()
+    table = as_dicts(new)
+    print(format_table(table, ["task", "length", "tier", "samples", "score", "score_se", "seconds", "prefill_share",
+                               "stored_vs_bf16", "press_mode"]))
+    print(_averages(table))
+    presses = any(row["press_mode"] for row in table)
+    protocol = f"; presses {args.press_mode}: {PRESS_MODE_MEANING[args.press_mode]}" if presses else ""
+    print(f"{args.samples} samples per task and length, seed {args.seed}, haystack {args.haystack}{protocol}; "
+          f"took {time.perf_counter() - start:.1f} s")
+    print(f"wrote {out}" if rows else "nothing new to measure")
+
+
+def _averages(rows: list[dict]) -> str:
+    """The RULER average (mean over the tasks) per tier and length, as a table."""
+    from codeckv.measure.table import format_table
+
+    lengths = sorted({row["length"] for row in rows})
+    tiers = list(dict.fromkeys(row["tier"] for row in rows))
+    table = []
+    for tier in tiers:
+        line = {"tier": tier}
+        for length in lengths:
+            scores = [row["score"] for row in rows if row["tier"] == tier and row["length"] == length]
+            line[f"{length} tok"] = sum(scores) / len(scores) if scores else float("nan")
+        table.append(line)
+    return "RULER average over the tasks measured:\n" + format_table(table)

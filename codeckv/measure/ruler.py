@@ -1,0 +1,236 @@
+"""RULER-style long-context scores per tier, one native prefill per sample serving every tier.
+
+    rows = ruler_grid(loaded, [get_tier("turbo-4"), get_tier("snapkv-50")], tasks=["niah_single_2", "vt"],
+                      lengths=[4096], samples=4)
+    rows[0].score, rows[0].score_se     # RULER's score (0-100) and its standard error over the samples
+
+For each (length, task) the samples are generated (measure/long_tasks/: deterministic for the seed, the same for
+every tier) and, per sample, the context is prefilled natively once (measure/shared_prefill.py). Each tier's cache
+is then built from that prefill, as if the context had been prefilled through it in one forward: a codec encodes
+the native keys and values, a press scores them with the queries the prefill captured and keeps its share (the
+"once" protocol, kvpress's). The question and the answer prefix follow unpressed; the answer is decoded greedily up
+to the task's budget or an end-of-turn token and scored as RULER scores it. So a tier pays only for its conversion,
+the question and its answer (decoding stops once every expected string has appeared: the score could not change
+after it), and `seconds` says so: the tier's own work, summed over the samples; native's row
+adds the shared prefill, and `prefill_share` is a tier's own seconds over the prefill's.
+
+press_mode "chunked" measures the memory-bounded streaming mode instead: a press's cache prefills the context itself
+in PREFILL_CHUNK-token chunks, each pressed as it arrives (its own prefill is then in its seconds), as does a token
+budget under either mode. Peers: transformers' QuantizedCache backends are filled from the native prefill;
+llama.cpp's KV types (measure/llamacpp.py) answer in llama.cpp from the same prompt ids, their prefill their own.
+`stored_vs_bf16` (codecs: kept share x steady-state bytes; a press alone: the share it keeps) and `held_bytes` (every
+tensor the cache owns) are read after the context, before the question, and averaged over the samples.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+
+import torch
+
+from codeckv.cache import footprint, held_bytes, make_cache
+from codeckv.loaded import LoadedModel
+from codeckv.measure.generate import next_logits, stop_token_ids
+from codeckv.measure.llamacpp import LLAMACPP_REFERENCE, KVGeometry, LlamaCppPeer, open_engine, rule_bytes_per_token
+from codeckv.measure.long_tasks import TASK_NAMES, long_sample, long_task, string_match_all
+from codeckv.measure.long_tasks.haystack import DEFAULT_HAYSTACK, haystack_text
+from codeckv.measure.peers import Peer, absent_reason, filled_peer_cache, peer_footprint
+from codeckv.measure.shared_prefill import SharedPrefill, shared_prefill
+from codeckv.measure.side_by_side import PREFILL_CHUNK
+from codeckv.presses import Budget, check_press_mode
+from codeckv.tiers import TIERS, Tier
+
+Progress = Callable[[int, int, str], None]  # (samples done, samples in all, message); may raise to stop
+MAX_SAMPLES = 500
+MIN_LENGTH = 256
+FOUND_CHECK_EVERY = 4  # answer tokens between two looks for the expected strings
+
+
+@dataclass
+class RulerRow:
+    task: str
+    length: int  # tokens asked for: prompt + the task's answer budget fit within it
+    tier: str
+    samples: int
+    score: float  # RULER's score, 0-100, mean over the samples
+    score_se: float  # its standard error over the samples (nan with one sample)
+    seconds: float  # the tier's own work over the samples (native's includes the shared prefill)
+    prefill_share: float  # the tier's own seconds / the shared native prefill's
+    stored_vs_bf16: float  # what the cache stores per token seen vs bf16 after the context (mean)
+    held_bytes: int  # every tensor the cache owned after the context (mean)
+    prompt_tokens: float  # context + question tokens (mean)
+    press_mode: str  # "once" or "chunked" for a press, "budget" for a token budget; "" otherwise
+    seed: int
+    haystack: str
+
+
+RowKey = tuple[str, int, str]  # (task, length, tier)
+
+
+def row_key(row: RulerRow | dict) -> RowKey:
+    row = row if isinstance(row, dict) else asdict(row)
+    return str(row["task"]), int(row["length"]), str(row["tier"])
+
+
+def check_grid(loaded: LoadedModel, tasks: list[str], lengths: list[int], samples: int) -> None:
+    """A ValueError for a task, length or sample count this model and this runner cannot take."""
+    for task in tasks:
+        if task not in TASK_NAMES:
+            raise ValueError(f"unknown task {task!r} (allowed: {', '.join(TASK_NAMES)})")
+    for length in lengths:
+        if not MIN_LENGTH <= length <= loaded.info.max_context:
+            raise ValueError(f"length {length} is outside {MIN_LENGTH}..{loaded.info.max_context}, the context "
+                             f"{loaded.info.name} takes")
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise ValueError(f"samples={samples} must be in 1..{MAX_SAMPLES}")
+
+
+def _press_mode(tier, press_mode: str) -> str:
+    if not getattr(tier, "evicts", False):
+        return ""
+    return "budget" if isinstance(tier.press, Budget) else press_mode
+
+
+@torch.inference_mode()
+def _answer(loaded: LoadedModel, cache, question: torch.Tensor, budget: int, stop_ids, outputs) -> str:
+    """Feed the question after the context a cache holds, then decode greedily up to `budget` tokens, an end of turn,
+    or the point where every expected string has appeared: RULER's score only counts strings found, so the tokens
+    after that could not change it (a wrong answer runs to the budget)."""
+    tokens = [int(next_logits(loaded.model, question, cache)[0].argmax())]
+    while tokens[-1] not in stop_ids and len(tokens) < budget:
+        if len(tokens) % FOUND_CHECK_EVERY == 0 and string_match_all(_text(loaded, tokens), outputs) == 100.0:
+            break
+        logits = next_logits(loaded.model, torch.tensor([[tokens[-1]]], device=question.device), cache)
+        tokens.append(int(logits[0].argmax()))
+    return _text(loaded, tokens)
+
+
+def _text(loaded: LoadedModel, tokens: list[int]) -> str:
+    return loaded.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+@torch.inference_mode()
+def _own_prefill(loaded: LoadedModel, tier: Tier, context: torch.Tensor):
+    """A press's cache prefilling the context itself, every PREFILL_CHUNK tokens pressed as they arrive."""
+    cache = make_cache(loaded, tier, press_mode="chunked")
+    for lo in range(0, context.shape[1], PREFILL_CHUNK):
+        next_logits(loaded.model, context[:, lo : lo + PREFILL_CHUNK], cache)
+    return cache
+
+
+@dataclass
+class _Tally:
+    scores: list[float]
+    seconds: float = 0.0
+    stored: float = 0.0
+    held: int = 0
+
+
+def _tier_cache(loaded: LoadedModel, tier, prefill: SharedPrefill | None, context: torch.Tensor, press_mode: str):
+    """(cache holding the context, stores vs bf16) for a tier or transformers peer."""
+    if isinstance(tier, Peer):
+        cache = filled_peer_cache(prefill.native, loaded.model.config, tier)
+        return cache, peer_footprint(cache).ratio
+    if _press_mode(tier, press_mode) in ("chunked", "budget"):
+        cache = _own_prefill(loaded, tier, context)
+    else:
+        cache = prefill.native if tier.is_native else prefill.cache_for(tier)
+    return cache, footprint(cache).stored_ratio(tier.coded)
+
+
+def ruler_grid(
+    loaded: LoadedModel,
+    tiers: list[Tier | Peer | LlamaCppPeer],
+    tasks: Iterable[str] = TASK_NAMES,
+    lengths: Iterable[int] = (4096,),
+    samples: int = 4,
+    seed: int = 0,
+    haystack: str = DEFAULT_HAYSTACK,
+    press_mode: str = "once",
+    progress: Progress | None = None,
+    skip: set[RowKey] = frozenset(),
+    on_cell: Callable[[list[RulerRow]], None] | None = None,
+) -> list[RulerRow]:
+    """Native and every tier on `samples` samples of every task at every length (module docstring): one row per
+    (task, length, tier), except those in `skip` (rows already measured). `on_cell` receives each (length, task)'s
+    rows as they are done, so an interrupted run keeps them."""
+    tasks, lengths = list(tasks), list(lengths)
+    check_press_mode(press_mode)
+    check_grid(loaded, tasks, lengths, samples)
+    haystack_text(haystack)  # a bad file fails here, before any prefill
+    tiers = [t for t in tiers if not t.is_native] + [TIERS["native"]]  # native last: it answers in the prefill's cache
+    for tier in tiers:
+        if isinstance(tier, Peer | LlamaCppPeer) and (reason := absent_reason(tier, loaded.info)):
+            raise ValueError(reason)
+    stop_ids = stop_token_ids(loaded.tokenizer, loaded.model)
+    cells = [(length, task) for length in lengths for task in tasks
+             if any((task, length, t.name) not in skip for t in tiers)]
+    total, done, rows = len(cells) * samples, 0, []
+    geometry = KVGeometry(len(loaded.info.layer_types), loaded.info.num_kv_heads, loaded.info.head_dim)
+    with ExitStack() as engines:
+        opened = {t.name: engines.enter_context(open_engine(t, loaded.info.name, n_ctx=max(lengths)))
+                  for t in tiers if isinstance(t, LlamaCppPeer)}
+        for length, task in cells:
+            todo = [t for t in tiers if (task, length, t.name) not in skip]
+            tally = {t.name: _Tally([]) for t in todo}
+            prefill_seconds, prompt_tokens = 0.0, []
+            shared = [t for t in todo if not isinstance(t, LlamaCppPeer)
+                      and _press_mode(t, press_mode) not in ("chunked", "budget")]
+            presses = any(_press_mode(t, press_mode) == "once" for t in shared)
+            for index in range(samples):
+                sample = long_sample(task, loaded.tokenizer, length, seed, index, haystack)
+                context = sample.context_ids.to(loaded.model.device)
+                question = sample.question_ids.to(loaded.model.device)
+                prompt_tokens.append(sample.prompt_tokens)
+                start = time.perf_counter()
+                prefill = shared_prefill(loaded, context, capture_queries=presses) if shared else None
+                prefill_seconds += time.perf_counter() - start
+                for tier in todo:
+                    entry, start = tally[tier.name], time.perf_counter()
+                    if isinstance(tier, LlamaCppPeer):
+                        ids = torch.cat([sample.context_ids, sample.question_ids], dim=1)[0].tolist()
+                        answer = opened[tier.name].greedy(ids, sample.answer_tokens).text
+                        stored, held = (rule_bytes_per_token(tier, geometry)
+                                        / rule_bytes_per_token(LLAMACPP_REFERENCE, geometry)), 0
+                    else:
+                        cache, stored = _tier_cache(loaded, tier, prefill, context, press_mode)
+                        held = held_bytes(cache) if not isinstance(tier, Peer) else peer_footprint(cache).resident_bytes
+                        answer = _answer(loaded, cache, question, sample.answer_tokens, stop_ids, sample.outputs)
+                        del cache
+                    entry.seconds += time.perf_counter() - start
+                    entry.scores.append(string_match_all(answer, sample.outputs))
+                    entry.stored += stored / samples
+                    entry.held += held // samples
+                del prefill
+                done += 1
+                if progress:
+                    progress(done, total, f"{task} at {length} tokens, sample {index + 1}/{samples}")
+            cell = []
+            for tier in todo:
+                entry = tally[tier.name]
+                own = entry.seconds
+                cell.append(RulerRow(
+                    task, length, tier.name, samples, statistics.fmean(entry.scores),
+                    statistics.stdev(entry.scores) / math.sqrt(samples) if samples > 1 else math.nan,
+                    own + (prefill_seconds if tier.is_native else 0.0),
+                    own / prefill_seconds if prefill_seconds else math.nan, entry.stored, entry.held,
+                    statistics.fmean(prompt_tokens), _press_mode(tier, press_mode), seed,
+                    haystack))
+            rows += cell
+            if on_cell:
+                on_cell(cell)
+    return rows
+
+
+def task_line(name: str) -> str:
+    """What a task tests, in a line (for tables and the app)."""
+    return long_task(name, 4096).tests
+
+
+def as_dicts(rows: list[RulerRow]) -> list[dict]:
+    return [asdict(r) for r in rows]

@@ -1,0 +1,61 @@
+"""The long-context grid: one native prefill per sample serving every tier, rows RULER's way, resumable."""
+
+import math
+
+import pytest
+
+from codeckv.measure.ruler import row_key, ruler_grid
+from codeckv.tiers import get_tier
+
+
+@pytest.fixture(scope="module")
+def grid(loaded):
+    cells = []
+    rows = ruler_grid(loaded, [get_tier("turbo-4"), get_tier("snapkv-50")], ["niah_single_1"], [512], samples=2,
+                      on_cell=cells.append)
+    return rows, cells
+
+
+def test_one_row_per_task_length_and_tier_with_rulers_score(grid):
+    rows, cells = grid
+    assert [r.tier for r in rows] == ["turbo-4", "snapkv-50", "native"]
+    assert cells == [rows]  # handed over as the cell finished, before the run returned
+    for row in rows:
+        assert row.task == "niah_single_1" and row.length == 512 and row.samples == 2
+        assert 0.0 <= row.score <= 100.0 and row.score_se >= 0.0
+        assert row.seconds > 0 and row.prompt_tokens <= 512 - 128
+    native = {r.tier: r for r in rows}["native"]
+    assert native.score == 100.0, "SmolLM2 finds a number in 300 tokens of noise: the task or its framing is broken"
+    assert native.stored_vs_bf16 == 1.0 and native.press_mode == ""
+    press = {r.tier: r for r in rows}["snapkv-50"]
+    assert press.press_mode == "once" and press.stored_vs_bf16 == pytest.approx(0.5, abs=0.01)
+    assert {r.tier: r for r in rows}["turbo-4"].stored_vs_bf16 < 0.35
+
+
+def test_the_native_row_carries_the_shared_prefill(grid):
+    rows, _ = grid
+    by_tier = {r.tier: r for r in rows}
+    prefill = by_tier["turbo-4"].seconds / by_tier["turbo-4"].prefill_share
+    native = by_tier["native"]
+    assert native.seconds == pytest.approx(prefill + native.prefill_share * prefill)
+
+
+def test_rows_already_measured_are_skipped(loaded, grid):
+    rows, _ = grid
+    again = ruler_grid(loaded, [get_tier("turbo-4"), get_tier("snapkv-50")], ["niah_single_1"], [512], samples=2,
+                       skip={row_key(r) for r in rows if r.tier != "snapkv-50"})
+    assert [r.tier for r in again] == ["snapkv-50"]
+    assert again[0].score == {r.tier: r for r in rows}["snapkv-50"].score  # the same samples, deterministic
+    assert math.isfinite(again[0].prefill_share)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"lengths": [10**6]}, "outside 256.."),
+    ({"tasks": ["qa_1"]}, "unknown task"),
+    ({"samples": 0}, "samples=0"),
+    ({"press_mode": "sometimes"}, "not a press protocol"),
+    ({"haystack": "/nonexistent/file.txt"}, "neither an embedded text"),
+])
+def test_a_grid_out_of_bounds_is_refused_before_any_prefill(loaded, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ruler_grid(loaded, [get_tier("turbo-4")], **{"tasks": ["niah_single_1"], "lengths": [512], **kwargs})
