@@ -34,6 +34,7 @@ from codeckv.serve.inputs import (
     with_document,
 )
 from codeckv.serve.limits import Limits, StopFlag, release_memory
+from codeckv.serve.long_context import RULER_LENGTHS, RULER_TASKS, ruler_cells, ruler_request, ruler_views
 from codeckv.serve.pool import POOL
 from codeckv.serve.preparation import PREPARATION
 from codeckv.serve.reports import Reports
@@ -191,6 +192,21 @@ def run_needle(lengths, depths, tiers, model_name, press_mode="once", stop=None,
     finally:
         release_memory()
     return needle_views(grid, REPORTS.fresh())
+
+
+@gpu(duration=LONG_GPU_SECONDS)
+@guarded
+def run_ruler(tasks, lengths, samples, tiers, model_name, press_mode="once", stop=None, progress=gr.Progress()):  # noqa: B008
+    """RULER-style tasks: native and every chosen tier, one native prefill per sample."""
+    ruler_cells(tasks, lengths, samples, press_mode=press_mode)  # refused before a model is touched
+    report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
+    try:
+        with POOL.lease(model_name) as loaded:
+            rows = ruler_request(loaded, tasks, lengths, samples, tiers, report, stop=fresh_stop(stop),
+                                 press_mode=press_mode)
+    finally:
+        release_memory()
+    return ruler_views(rows, REPORTS.fresh())
 
 
 @gpu(duration=LONG_GPU_SECONDS)
@@ -354,10 +370,28 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         token_kld = gr.Plot(label="per-token KL divergence")
         downloads = gr.File(label="download CSV and JSON", file_count="multiple")
         sweep_state = gr.State(None)
-        stop_flag = gr.State(StopFlag())  # one per browser session, shared by the Sweep and Needle tabs
+        stop_flag = gr.State(StopFlag())  # one per browser session, shared by the long-running tabs
 
-    with gr.Tab("Needle"):
-        gr.Markdown("A 5-digit pass key hidden in filler text at several depths and lengths: does the greedy "
+    with gr.Tab("Long context"):
+        gr.Markdown("RULER's synthetic tasks (needles, variable tracking, word counts), generated here from a seed: "
+                    "each sample's context is prefilled natively once and every tier's cache built from it (codecs "
+                    "convert it, presses evict from it, kvpress's protocol); score = share of the expected strings "
+                    "in the greedy answer. `python -m codeckv ruler` runs the full grid.")
+        with gr.Row():
+            ruler_tasks = gr.CheckboxGroup(list(RULER_TASKS), value=["niah_single_1", "niah_single_2"],
+                                           label="tasks", elem_id="ruler-tasks")
+            ruler_lengths = gr.CheckboxGroup(list(RULER_LENGTHS), value=[4096], label="tokens", elem_id="ruler-lengths")
+            ruler_samples = gr.Slider(1, 16, value=2, step=1, label="samples per task and length")
+        ruler_tiers = gr.CheckboxGroup([*CODEC_TIERS, *PEER_NAMES], value=["turbo-4", "snapkv-50"],
+                                       label="tiers and peers (beside native)")
+        with gr.Row():
+            ruler_button = gr.Button("Run RULER tasks", variant="primary", scale=4)
+            ruler_stop = gr.Button("Stop", scale=1)
+        ruler_heatmap = gr.Plot(label="score per task")
+        ruler_bytes = gr.Plot(label="score vs bytes")
+        ruler_table = gr.Dataframe(label="scores", interactive=False, elem_id="ruler-results")
+        ruler_csv = gr.File(label="download CSV")
+        gr.Markdown("**Pass key**: a 5-digit key hidden in filler text at several depths and lengths: does the greedy "
                     "answer still contain it? Native runs once per cell; every tier answers from the same prompt.")
         with gr.Row():
             needle_lengths = gr.CheckboxGroup(list(NEEDLE_LENGTHS), value=list(NEEDLE_LENGTHS[:3]),
@@ -365,7 +399,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             needle_depths = gr.CheckboxGroup(list(NEEDLE_DEPTHS), value=["0%", "50%", "100%"], label="depth of the key")
         needle_tiers = gr.CheckboxGroup([*CODEC_TIERS, *PEER_NAMES], value=["turbo-4", "jpeg-k2"],
                                         label="tiers and peers (beside native)")
-        needle_protocol = gr.Radio(list(PRESS_MODES), value="once", label="press protocol", info="; ".join(
+        needle_protocol = gr.Radio(list(PRESS_MODES), value="once", label="press protocol (both grids)", info="; ".join(
             f"{mode}: {meaning}" for mode, meaning in PRESS_MODE_MEANING.items()))
         with gr.Row():
             needle_button = gr.Button("Run needle test", variant="primary", scale=4)
@@ -432,9 +466,12 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     needle_button.click(run_needle, [needle_lengths, needle_depths, needle_tiers, model_name, needle_protocol,
                                      stop_flag],
                         [needle_plot, needle_answers, needle_csv], api_name="needle")
+    ruler_button.click(run_ruler, [ruler_tasks, ruler_lengths, ruler_samples, ruler_tiers, model_name,
+                                   needle_protocol, stop_flag],
+                       [ruler_heatmap, ruler_bytes, ruler_table, ruler_csv], api_name="ruler")
     memory_button.click(run_memory, [memory_contexts, memory_tiers, memory_tokens, model_name, stop_flag],
                         [memory_held, memory_peak, memory_rows, memory_csv], api_name="memory")
-    for button in (sweep_stop, needle_stop, memory_stop):
+    for button in (sweep_stop, ruler_stop, needle_stop, memory_stop):
         button.click(request_stop, stop_flag, None, queue=False, api_name=False)
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from codeckv.cli.types import bits_list, positive, run_name
 from codeckv.presses.base import PRESS_MODE_MEANING, PRESS_MODES
 
 NAME = "quality"
+DEPTH_SCORED = 256  # --depths: tokens scored after each compressed prefix
 HELP = "per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread"
 
 
@@ -35,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shared-prefill", action="store_true",
                         help="prefill each window's prefix natively once and build every tier from it (the once "
                              "protocol; tiers only, no peers): measure/shared_quality.py, far faster for many tiers")
+    parser.add_argument("--depths", type=positive, nargs="+", metavar="TOKENS",
+                        help="quality at depth: for each, windows of TOKENS + 256, the first TOKENS prefilled once "
+                             "and every tier built from it (as --shared-prefill), the next 256 scored; one CSV with "
+                             "every depth's rows (prefix_tokens) and a chart per metric against depth")
     parser.add_argument("--out", help="CSV path (default out/quality-<model>[-<source>].csv)")
     parser.add_argument("--update", action="store_true",
                         help="keep the other rows of the CSV at --out (measured on the same text, windows and length "
@@ -55,6 +60,8 @@ def run(args: argparse.Namespace) -> None:
     loaded = load(args)
     bar, progress = forward_bar("quality")
     start = time.perf_counter()
+    if args.depths:
+        return _at_depths(args, loaded, tiers, text, bar, progress, start)
     if args.shared_prefill:
         if args.press_mode != "once" or any(not isinstance(t, Tier) for t in tiers):
             raise SystemExit("--shared-prefill measures tiers under the once protocol (allowed: --press-mode once, "
@@ -87,6 +94,37 @@ def run(args: argparse.Namespace) -> None:
     written = write_csv(rows, out)  # before the charts: numbers never hang on figures
     points = [numbers(row) for row in rows] if merged else None  # the Pareto charts show the whole table
     paths = write_figures(lambda figures: figures.quality_figures(result, points), Path(args.charts or f"out/{stem}"))
+    print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
+
+
+def _at_depths(args, loaded, tiers, text, bar, progress, start) -> None:
+    """--depths: a shared-prefill run per depth, rows together, a chart per metric against the depth."""
+    from codeckv.measure.quality import as_dicts
+    from codeckv.measure.shared_quality import shared_quality
+    from codeckv.measure.table import format_table, write_csv
+    from codeckv.tiers import Tier
+
+    if any(not isinstance(t, Tier) for t in tiers) or args.press_mode != "once":
+        raise SystemExit("--depths builds every tier from one prefill per window (the once protocol): tier names "
+                         "only, no peers, --press-mode once")
+    rows = []
+    for depth in args.depths:
+        bar.set_description(f"quality at {depth} tokens")
+        run = shared_quality(loaded, tiers, args.windows, depth + DEPTH_SCORED, depth, args.source, text, progress)
+        rows += as_dicts(run.rows)
+    bar.close()
+    print(format_table(rows, ["prefix_tokens", "tier", "stored_vs_bf16", "kld", "kld_se", "top1_pct", "top1_se",
+                              "delta_nll_pct", "delta_nll_se"]))
+    where = "a text file" if text is not None else f"the {args.source}"
+    print(f"{args.windows} windows of {where} per depth, the first {'/'.join(map(str, args.depths))} tokens "
+          f"prefilled once and each tier built from them, the next {DEPTH_SCORED} scored; "
+          f"took {time.perf_counter() - start:.1f} s")
+    suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
+    stem = f"depth-{file_stem(loaded.info.name)}{suffix}"
+    written = write_csv(rows, args.out or f"out/{stem}.csv")
+    paths = write_figures(lambda figures: {f"depth_{metric}": figures.depth_figure(rows, metric)
+                                           for metric in ("kld", "top1_pct", "delta_nll_pct")},
+                          Path(args.charts or f"out/{stem}"))
     print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
 
 

@@ -1,7 +1,8 @@
 """Headless Debian Chromium (playwright, never `playwright install`) drives the app like a person would.
 
 Types a question and sees both panels fill (printing the time to the first streamed token), asks about
-an embedded long document from the examples row, opens every tab, runs a long-text sweep and saves
+an embedded long document from the examples row, opens every tab, runs a long-text sweep and a small RULER grid
+(the Long context tab) and saves
 screenshots to assets/screenshots/ (the README shows them), checking that no figure in them has a clipped or
 overlapping title, legend or label (tests/figure_layout.py).
 """
@@ -22,6 +23,7 @@ SWEPT = ("png", "int8", "rotated-4", "turbo-4", "jpeg-k2")  # a spread of the fr
 # installed peers were left checked then) reached step 220 of 256 in 901 s; the deadline leaves room for a busy
 # machine, and the app's server budget is longer still (tests/app/conftest.py), so the test never races it.
 SWEEP_SECONDS = 1800
+RULER_SECONDS = 900  # niah_single_1 at 1k tokens, 2 samples, native + 2 tiers: about a minute on an idle machine
 
 pytestmark = [
     pytest.mark.browser,
@@ -110,4 +112,22 @@ def test_long_text_sweep_with_error_bars(page):
     said = page.locator(".toast-body").all_inner_texts()  # an error's message stays on the page (serve/guard.py)
     assert all(name in tables for name in SWEPT) and "±" in tables, f"table: {tables!r}; the page said: {said}"
     assert page.locator(".js-plotly-plot").count() >= 2, "the sweep's charts did not render"
+    assert figure_layout_problems(page) == []
+
+
+def test_long_context_tab_runs_a_small_ruler_grid(page):
+    page.get_by_role("tab", name="Long context").click()
+    page.locator("#ruler-tasks").get_by_label("niah_single_2", exact=True).uncheck()
+    page.locator("#ruler-lengths").get_by_label("4096", exact=True).uncheck()
+    page.locator("#ruler-lengths").get_by_label("1024", exact=True).check()
+    page.get_by_role("button", name="Run RULER tasks").click()
+    table, deadline = "", time.time() + RULER_SECONDS
+    while not all(name in table for name in ("native", "turbo-4", "snapkv-50")) and time.time() < deadline:
+        page.wait_for_timeout(1000)
+        table = page.locator("#ruler-results").inner_text()
+    page.wait_for_timeout(2000)  # let the charts draw
+    page.screenshot(path=str(SHOTS / "long-context.png"), full_page=True)
+    said = page.locator(".toast-body").all_inner_texts()
+    assert "niah_single_1" in table and "snapkv-50" in table, f"table: {table!r}; the page said: {said}"
+    assert page.locator(".js-plotly-plot").count() >= 2, "the RULER charts did not render"
     assert figure_layout_problems(page) == []

@@ -364,3 +364,19 @@ def test_a_pca_turn_waits_for_its_calibration_only_when_its_cache_may_archive(lo
     assert not service.may_archive(loaded, session, "Hi.", tier, holds - prompt, limits), "raw to the end"
     assert service.may_archive(loaded, session, "Hi.", tier, holds - prompt + 1, limits), "one more may archive"
     assert service.may_archive(loaded, session, "Hi.", TIERS["turbo-4"], 8, limits), "no calibration: nothing to wait"
+
+
+def test_long_context_tab_runs_a_small_ruler_grid():
+    heatmap, chart, table, path = app.run_ruler(["niah_single_1"], [1024], 1, ["turbo-4", "snapkv-50"],
+                                                "smollm2-135m", progress=lambda *a, **k: None)
+    assert [row[3] for row in table["data"]] == ["turbo-4", "snapkv-50", "native"]
+    assert table["data"][-1][5] == 100.0, "the embedded model finds one number in 1k tokens of noise"
+    assert len(heatmap.data) == 1 and len(chart.data) >= 2 and path.endswith("ruler.csv")
+    with pytest.raises(gr.Error, match="at least one task"):
+        app.run_ruler([], [1024], 1, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+    with pytest.raises(gr.Error, match="length='100' is not a choice"):
+        app.run_ruler(["vt"], [100], 1, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+    with pytest.raises(gr.Error, match="more than the 32,768 allowed"):
+        app.run_ruler(["vt", "cwe"], [16384], 2, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+    with pytest.raises(gr.Error, match="16,384 tokens is more than smollm2-135m takes"):
+        app.run_ruler(["vt"], [16384], 1, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)

@@ -1,0 +1,107 @@
+"""Long-context figures: RULER scores per task (heatmaps), score against bytes, and quality against depth.
+
+    fig = ruler_heatmap_figure(rows)          # measure/ruler.py rows: one panel per task, tiers x lengths
+    fig = ruler_bytes_figure(rows, 4096)      # the RULER average against what each tier stores vs bf16
+    fig = depth_figure(rows)                  # quality rows at several prefix lengths: KLD per tier vs depth
+
+Rows may be dataclasses or dicts read back from a CSV (numbers as floats).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from codeckv.figures.plots import CODEC_COLORS, NATIVE_COLOR, _dicts, family_of, themed
+
+SCORE_SCALE = [[0, "#fca5a5"], [0.5, "#fde68a"], [1, "#86efac"]]  # red 0 -> amber 50 -> green 100
+
+
+def _tiers(rows: list[dict]) -> list[str]:
+    """Tier names as met, native first."""
+    names = list(dict.fromkeys(r["tier"] for r in rows))
+    return sorted(names, key=lambda name: name != "native")
+
+
+def ruler_heatmap_figure(rows: Sequence) -> go.Figure:
+    """RULER's score (0-100) per tier and length, one panel per task (measure/ruler.py rows)."""
+    rows = _dicts(rows)
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    tiers, lengths = _tiers(rows), sorted({int(r["length"]) for r in rows})
+    columns = min(4, len(tasks))
+    fig = make_subplots(rows=-(-len(tasks) // columns), cols=columns, subplot_titles=tasks, shared_yaxes=True,
+                        horizontal_spacing=0.03, vertical_spacing=0.08)
+    x = [f"{n / 1024:g}k" for n in lengths]
+    for index, task in enumerate(tasks):
+        score = {(r["tier"], int(r["length"])): r["score"] for r in rows if r["task"] == task}
+        z = [[score.get((tier, n)) for n in lengths] for tier in tiers]
+        fig.add_trace(go.Heatmap(
+            z=z, x=x, y=tiers, zmin=0, zmax=100, colorscale=SCORE_SCALE, showscale=index == 0, xgap=2, ygap=2,
+            text=[[f"{v:.0f}" if v is not None else "" for v in line] for line in z], texttemplate="%{text}",
+            colorbar=dict(title="score"),
+            hovertemplate=f"{task}<br>%{{y}} at %{{x}} tokens<br>score %{{z:.1f}}<extra></extra>",
+        ), row=index // columns + 1, col=index % columns + 1)
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(type="category", autorange="reversed")
+    themed(fig, "RULER score per task and length (0-100)")
+    longest = max(len(t) for t in tiers)  # the tier names label the rows: room for the longest (font 16: ~9 px a char)
+    fig.update_layout(height=max(420, 60 + 24 * len(tiers) * -(-len(tasks) // columns)),
+                      margin=dict(l=40 + 9 * longest))
+    return fig
+
+
+def ruler_average(rows: Sequence, length: int) -> dict[str, tuple[float, float, int]]:
+    """tier -> (mean score over the tasks at `length`, mean stored_vs_bf16, tasks counted)."""
+    by_tier: dict[str, list[dict]] = {}
+    for row in _dicts(rows):
+        if int(row["length"]) == length:
+            by_tier.setdefault(row["tier"], []).append(row)
+    return {tier: (sum(r["score"] for r in found) / len(found),
+                   sum(r["stored_vs_bf16"] for r in found) / len(found), len(found))
+            for tier, found in by_tier.items()}
+
+
+def ruler_bytes_figure(rows: Sequence, length: int) -> go.Figure:
+    """The RULER average at `length` against what each tier stores per token seen vs bf16."""
+    averages = ruler_average(rows, length)
+    fig = go.Figure()
+    def family(tier: str) -> str:
+        return "native" if tier == "native" else family_of(tier)
+
+    for index, name in enumerate(dict.fromkeys(family(t) for t in averages)):
+        members = [t for t in averages if family(t) == name]
+        native = name == "native"
+        fig.add_trace(go.Scatter(
+            x=[100 * averages[t][1] for t in members], y=[averages[t][0] for t in members], text=members,
+            mode="markers+text", textposition="top center", name=name,
+            marker=dict(size=14 if native else 11, color=NATIVE_COLOR if native else CODEC_COLORS[index % 9]),
+            hovertemplate="%{text}<br>stores %{x:.1f}% of bf16<br>RULER average %{y:.1f}<extra></extra>",
+        ))
+    fig.update_yaxes(range=[-5, 112], tickvals=[0, 20, 40, 60, 80, 100])  # room for the labels above a 100
+    tasks = max((n for _, _, n in averages.values()), default=0)
+    return themed(fig, f"RULER average at {length:,} tokens ({tasks} task{'s' * (tasks != 1)}) vs bytes",
+                  "stores per token seen, % of bf16", "RULER average (0-100)")
+
+
+def depth_figure(rows: Sequence, metric: str = "kld") -> go.Figure:
+    """A quality metric of the tokens after a compressed prefix, against the prefix's length: one line per tier
+    (quality rows of several --depths, each with its prefix_tokens), with the spread over windows as error bars."""
+    rows = [r for r in _dicts(rows) if r["tier"] != "native"]
+    fig = go.Figure()
+    for index, tier in enumerate(_tiers(rows)):
+        points = sorted((r for r in rows if r["tier"] == tier), key=lambda r: int(r["prefix_tokens"]))
+        spread = [r.get(f"{metric}_se") for r in points]
+        fig.add_trace(go.Scatter(
+            x=[int(r["prefix_tokens"]) for r in points], y=[r[metric] for r in points], name=tier,
+            mode="lines+markers", line=dict(color=CODEC_COLORS[index % len(CODEC_COLORS)]),
+            error_y=dict(type="data", array=[s if s is not None and math.isfinite(s) else 0 for s in spread]),
+        ))
+    depths = sorted({int(r["prefix_tokens"]) for r in rows})
+    fig.update_xaxes(type="log", tickvals=depths, ticktext=[f"{d / 1024:g}k" for d in depths])
+    fig.update_yaxes(type="log")
+    label = {"kld": "KLD from native (nats/token)", "delta_nll_pct": "ΔNLL %", "top1_pct": "top-1 agreement %"}
+    return themed(fig, f"{label.get(metric, metric)} of the 256 tokens after a compressed context",
+                  "context compressed (tokens)", label.get(metric, metric))
