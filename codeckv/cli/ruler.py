@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", type=positive, nargs="+", default=[4096],
                         help="prompt + answer budget in tokens (default 4096; the field: 4096 8192 16384 ...)")
     parser.add_argument("--tasks", nargs="+", choices=TASK_NAMES, default=list(TASK_NAMES), metavar="TASK",
-                        help=f"default: all {len(TASK_NAMES)} ({', '.join(TASK_NAMES)}; RULER's QA tasks read downloads)")
+                        help=f"default: all {len(TASK_NAMES)} ({', '.join(TASK_NAMES)}; RULER's QA tasks, "
+                             "which read downloads, are left out)")
     parser.add_argument("--samples", type=positive, default=4, help="samples per task and length (default 4)")
     parser.add_argument("--seed", type=count, default=0, help="draws the samples (default 0)")
     parser.add_argument("--tiers", nargs="+", type=run_name, default=DEFAULT_TIERS,

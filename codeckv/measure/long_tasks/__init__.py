@@ -6,8 +6,8 @@
 
 TASK_NAMES lists the 11 synthetic tasks of RULER's 13 (synthetic.yaml): niah_single_1/2/3, niah_multikey_1/2/3,
 niah_multivalue, niah_multiquery (niah.py), vt (variable_tracking.py), cwe (common_words.py), fwe
-(frequent_words.py). RULER's two QA tasks (qa_1, qa_2) read SQuAD and HotpotQA, downloads, and are left out. The runner that
-measures tiers on them is codeckv/measure/ruler.py.
+(frequent_words.py). RULER's two QA tasks (qa_1, qa_2) read SQuAD and HotpotQA, downloads, and are left out.
+The runner that measures tiers on them is codeckv/measure/ruler.py.
 """
 
 from __future__ import annotations
