@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from codeckv.cli.common import file_stem, forward_bar, load, set_threads
+from codeckv.cli.common import file_stem, forward_bar, load, set_threads, write_figures
 from codeckv.cli.types import count, positive, run_name
 from codeckv.presses.base import PRESS_MODE_MEANING, PRESS_MODES
 
@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the essay haystack: corpus, docstrings, bible (default) or a UTF-8 text file")
     parser.add_argument("--threads", type=count, default=0, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--out", help="CSV path (default out/ruler-<model>.csv), written after every task")
+    parser.add_argument("--charts", help="folder for the HTML charts of the whole CSV (default out/ruler-<model>)")
     parser.add_argument("--update", action="store_true",
                         help="keep the rows of the CSV at --out (same --samples, --seed, --haystack) and measure "
                              "only the (task, length, tier) rows it lacks: resumes an interrupted run")
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> None:
     from codeckv.measure.long_tasks.haystack import haystack_text
     from codeckv.measure.peers import run_for
     from codeckv.measure.ruler import as_dicts, check_grid, row_key, ruler_grid
-    from codeckv.measure.table import format_table, write_csv
+    from codeckv.measure.table import format_table, numbers, write_csv
 
     tiers = [run_for(name) for name in args.tiers]
     haystack_text(args.haystack)  # a bad file is said before the model loads
@@ -90,7 +91,16 @@ def run(args: argparse.Namespace) -> None:
     protocol = f"; presses {args.press_mode}: {PRESS_MODE_MEANING[args.press_mode]}" if presses else ""
     print(f"{args.samples} samples per task and length, seed {args.seed}, haystack {args.haystack}{protocol}; "
           f"took {time.perf_counter() - start:.1f} s")
-    print(f"wrote {out}" if rows else "nothing new to measure")
+    if not rows:
+        print("nothing new to measure")
+        return
+    points = [numbers(row) for row in _read(out)]  # the whole CSV, kept rows too
+    lengths = sorted({int(row["length"]) for row in points})
+    paths = write_figures(lambda figures: {"ruler_scores": figures.ruler_heatmap_figure(points),
+                                           **{f"ruler_bytes_{n}": figures.ruler_bytes_figure(points, n)
+                                              for n in lengths}},
+                          Path(args.charts or f"out/ruler-{file_stem(loaded.info.name)}"))
+    print(f"wrote {out}, " + ", ".join(str(p) for p in paths))
 
 
 def _averages(rows: list[dict]) -> str:

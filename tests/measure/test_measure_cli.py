@@ -108,9 +108,11 @@ def test_quality_update_replaces_and_adds_rows_of_the_same_native_run(tmp_path, 
 
 def test_ruler_cli_writes_rulers_columns_and_update_measures_only_what_is_missing(tmp_path, capsys):
     out = tmp_path / "ruler.csv"
-    small = ["ruler", "--lengths", "512", "--tasks", "niah_single_1", "--samples", "1", "--out", str(out)]
+    small = ["ruler", "--lengths", "512", "--tasks", "niah_single_1", "--samples", "1", "--out", str(out),
+             "--charts", str(tmp_path / "charts")]
     assert main([*small, "--tiers", "int8"]) == 0
     assert "RULER average" in capsys.readouterr().out
+    assert {p.name for p in (tmp_path / "charts").glob("*.html")} == {"ruler_scores.html", "ruler_bytes_512.html"}
     with out.open() as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0])[:7] == ["task", "length", "tier", "samples", "score", "score_se", "seconds"]
