@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from codeckv.figures.plots import CODEC_COLORS, NATIVE_COLOR, _dicts, family_of, themed
+from codeckv.figures.labels import PLOT_AREA_PX, legend_rows, place_labels
+from codeckv.figures.plots import CODEC_COLORS, FAMILY_MARKERS, NATIVE_COLOR, _dicts, family_of, themed
 
 SCORE_SCALE = [[0, "#fca5a5"], [0.5, "#fde68a"], [1, "#86efac"]]  # red 0 -> amber 50 -> green 100
 
@@ -65,25 +66,39 @@ def ruler_average(rows: Sequence, length: int) -> dict[str, tuple[float, float, 
 
 
 def ruler_bytes_figure(rows: Sequence, length: int) -> go.Figure:
-    """The RULER average at `length` against what each tier stores per token seen vs bf16."""
+    """The RULER average at `length` against what each tier stores per token seen vs bf16: one trace per family (the
+    Pareto chart's markers), each point labelled where its label finds room (figures/labels.py)."""
     averages = ruler_average(rows, length)
+    names = list(averages)
+    xs, ys = [averages[t][1] for t in names], [averages[t][0] for t in names]
+    families = ["native" if t == "native" else family_of(t) for t in names]
     fig = go.Figure()
-    def family(tier: str) -> str:
-        return "native" if tier == "native" else family_of(tier)
-
-    for index, name in enumerate(dict.fromkeys(family(t) for t in averages)):
-        members = [t for t in averages if family(t) == name]
-        native = name == "native"
+    for family in dict.fromkeys(families):
+        members = [i for i, f in enumerate(families) if f == family]
+        symbol, color, _ = FAMILY_MARKERS.get(family, ("circle", NATIVE_COLOR if family == "native"
+                                                       else CODEC_COLORS[0], False))
         fig.add_trace(go.Scatter(
-            x=[100 * averages[t][1] for t in members], y=[averages[t][0] for t in members], text=members,
-            mode="markers+text", textposition="top center", name=name,
-            marker=dict(size=14 if native else 11, color=NATIVE_COLOR if native else CODEC_COLORS[index % 9]),
-            hovertemplate="%{text}<br>stores %{x:.1f}% of bf16<br>RULER average %{y:.1f}<extra></extra>",
+            x=[xs[i] for i in members], y=[ys[i] for i in members], text=[names[i] for i in members],
+            mode="markers", name=family, marker=dict(size=12, symbol=symbol, color=color, line=dict(width=2)),
+            hovertemplate="%{text}<br>stores %{x:.3f}× bf16<br>RULER average %{y:.1f}<extra></extra>",
         ))
-    fig.update_yaxes(range=[-5, 112], tickvals=[0, 20, 40, 60, 80, 100])  # room for the labels above a 100
+    x_low, x_high = min(xs + [1.0]), max(xs + [1.0])
+    x_range, y_range = (x_low - 0.06 * (x_high - x_low), x_high + 0.06 * (x_high - x_low)), (-8.0, 108.0)
+    labels = [name.removeprefix("llamacpp-") for name in names]
+    for i, offset in enumerate(place_labels(xs, ys, labels, x_range, y_range)):
+        if offset is not None:
+            fig.add_annotation(x=xs[i], y=ys[i], text=labels[i], ax=offset[0], ay=offset[1], showarrow=True,
+                               arrowhead=0, arrowwidth=1, arrowcolor="#9ca3af", font=dict(size=14))
+    fig.add_vline(x=1, line=dict(color=NATIVE_COLOR, width=1, dash="dash"), annotation_text="bf16 native")
+    fig.update_xaxes(range=list(x_range))
+    fig.update_yaxes(range=list(y_range), tickvals=[0, 20, 40, 60, 80, 100])
+    top = 70 + 30 * legend_rows(list(dict.fromkeys(families)))
+    fig.update_layout(legend=dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"),
+                      height=PLOT_AREA_PX[1] + top + 70, margin=dict(t=top, b=70),
+                      title=dict(y=1, yref="container", yanchor="top", pad=dict(t=30)))
     tasks = max((n for _, _, n in averages.values()), default=0)
     return themed(fig, f"RULER average at {length:,} tokens ({tasks} task{'s' * (tasks != 1)}) vs bytes",
-                  "stores per token seen, % of bf16", "RULER average (0-100)")
+                  "bytes stored per token seen / bf16 (×)", "RULER average (0-100)")
 
 
 def depth_figure(rows: Sequence, metric: str = "kld") -> go.Figure:

@@ -175,3 +175,21 @@ def test_the_pareto_chart_tells_every_family_apart_by_marker_and_colour():
     assert list(traces[plots.FORMAT_FAMILY].text) == ["fp8-e4m3", "nvfp4"]
     looks = {(str(t.marker.symbol), str(t.marker.color)) for name, t in traces.items() if name != plots.CODEC_FAMILY}
     assert len(looks) == len(traces) - 1, "each family its own marker and colour"
+
+
+def test_the_long_context_figures_draw_every_tier_measured():
+    from codeckv.figures import depth_figure, ruler_bytes_figure, ruler_heatmap_figure
+
+    rows = [{"task": task, "length": length, "tier": tier, "score": score, "stored_vs_bf16": stored}
+            for task in ("niah_single_1", "vt") for length in (2048, 4096)
+            for tier, score, stored in (("native", 100.0, 1.0), ("turbo-4", 90.0, 0.297), ("snapkv-50", 0.0, 0.5))]
+    heatmap = ruler_heatmap_figure(rows)
+    assert len(heatmap.data) == 2 and list(heatmap.data[0].y) == ["native", "turbo-4", "snapkv-50"]
+    assert list(heatmap.data[0].z[1]) == [90.0, 90.0]
+    chart = ruler_bytes_figure(rows, 4096)
+    by_name = {name: (x, y) for trace in chart.data for name, x, y in zip(trace.text, trace.x, trace.y)}
+    assert by_name == {"native": (1.0, 100.0), "turbo-4": (0.297, 90.0), "snapkv-50": (0.5, 0.0)}
+    depth_rows = [{"tier": tier, "prefix_tokens": depth, "kld": kld, "kld_se": 0.001}
+                  for tier, kld in (("native", 0.0), ("turbo-4", 0.005)) for depth in (1024, 4096)]
+    depth = depth_figure(depth_rows)
+    assert [trace.name for trace in depth.data] == ["turbo-4"] and list(depth.data[0].x) == [1024, 4096]
