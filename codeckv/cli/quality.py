@@ -105,7 +105,7 @@ def _at_depths(args, loaded, tiers, text, bar, progress, start) -> None:
     from codeckv.tiers import Tier
 
     if any(not isinstance(t, Tier) for t in tiers) or args.press_mode != "once":
-        raise SystemExit("--depths builds every tier from one prefill per window (the once protocol): tier names "
+        raise ValueError("--depths builds every tier from one prefill per window (the once protocol): tier names "
                          "only, no peers, --press-mode once")
     rows = []
     for depth in args.depths:
