@@ -1,6 +1,6 @@
 """docs' memory tables, written from a memory CSV (no figure typed by hand).
 
-    .venv/bin/python scripts/memory_table.py assets/memory-smollm2-135m-formats-presses.csv
+    .venv/bin/python scripts/memory_table.py assets/memory-smollm2-135m-presses.csv
 
 Reads a CSV written by `python -m codeckv memory --out ...` and prints one Markdown row per (context, tier, mode):
 what the cache holds after the turn, that over native's, at rest, and the process's peak (MiB).
