@@ -62,7 +62,7 @@ class RulerRow:
     seconds: float  # the tier's own work over the samples (native's includes the shared prefill)
     prefill_share: float  # the tier's own seconds / the shared native prefill's
     stored_vs_bf16: float  # what the cache stores per token seen vs bf16 after the context (mean)
-    held_bytes: int  # every tensor the cache owned after the context (mean)
+    held_bytes: int  # every tensor the cache owned after the context (mean); 0 for llama.cpp (its buffers are its own)
     prompt_tokens: float  # context + question tokens (mean)
     press_mode: str  # "once" or "chunked" for a press, "budget" for a token budget; "" otherwise
     seed: int

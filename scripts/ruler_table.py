@@ -1,0 +1,76 @@
+"""The README's long-context table from a CSV of `python -m codeckv ruler`: per tier, the RULER average over the
+tasks measured at each length (with the tasks counted) beside what the tier stores and holds.
+
+    .venv/bin/python scripts/ruler_table.py assets/ruler-smollm2-135m.csv [--tasks-table]
+
+--tasks-table prints instead one column per task (score ± its standard error over the samples), one table per
+length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _tiers(rows: list[dict]) -> list[str]:
+    names = list(dict.fromkeys(r["tier"] for r in rows))
+    return sorted(names, key=lambda name: name != "native")
+
+
+def averages(rows: list[dict]) -> str:
+    lengths = sorted({int(r["length"]) for r in rows})
+    head = "| cache | stores (vs bf16) | held after the context |" + "".join(f" RULER avg at {n:,} |" for n in lengths)
+    lines = [head, "|---|---:|---:|" + "---:|" * len(lengths)]
+    for tier in _tiers(rows):
+        mine = [r for r in rows if r["tier"] == tier]
+        stored = sum(float(r["stored_vs_bf16"]) for r in mine) / len(mine)
+        held = sum(float(r["held_bytes"]) for r in mine) / len(mine)
+        cells = []
+        for n in lengths:
+            scores = [float(r["score"]) for r in mine if int(r["length"]) == n]
+            cells.append(f" {sum(scores) / len(scores):.1f} ({len(scores)} tasks) |" if scores else " |")
+        held_text = f"{held / 2**20:.1f} MiB" if held else "(llama.cpp's)"
+        lines.append(f"| `{tier}` | {100 * stored:.1f}% | {held_text} |" + "".join(cells))
+    return "\n".join(lines)
+
+
+def per_task(rows: list[dict]) -> str:
+    out = []
+    for n in sorted({int(r["length"]) for r in rows}):
+        at = [r for r in rows if int(r["length"]) == n]
+        tasks = list(dict.fromkeys(r["task"] for r in at))
+        lines = [f"{n:,} tokens", "", "| cache |" + "".join(f" {t} |" for t in tasks),
+                 "|---|" + "---:|" * len(tasks)]
+        for tier in _tiers(at):
+            cell = {r["task"]: r for r in at if r["tier"] == tier}
+            text = []
+            for t in tasks:
+                if t not in cell:
+                    text.append(" |")
+                    continue
+                se = float(cell[t]["score_se"]) if cell[t]["score_se"] not in ("", "nan") else math.nan
+                text.append(f" {float(cell[t]['score']):.0f}" + (f" ± {se:.0f}" if math.isfinite(se) else "") + " |")
+            lines.append(f"| `{tier}` |" + "".join(text))
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("csv", type=Path)
+    parser.add_argument("--tasks-table", action="store_true", help="one column per task instead")
+    args = parser.parse_args()
+    rows = _rows(args.csv)
+    print(per_task(rows) if args.tasks_table else averages(rows))
+
+
+if __name__ == "__main__":
+    main()
