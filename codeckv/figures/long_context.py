@@ -55,14 +55,16 @@ def ruler_heatmap_figure(rows: Sequence) -> go.Figure:
 
 
 def ruler_average(rows: Sequence, length: int) -> dict[str, tuple[float, float, int]]:
-    """tier -> (mean score over the tasks at `length`, mean stored_vs_bf16, tasks counted)."""
-    by_tier: dict[str, list[dict]] = {}
+    """tier -> (mean score over the tasks at `length`, mean stored_vs_bf16, tasks counted), for the tiers measured on
+    every task native was (an average over other tasks would not compare): the others are left out."""
+    by_tier: dict[str, dict[str, dict]] = {}
     for row in _dicts(rows):
         if int(row["length"]) == length:
-            by_tier.setdefault(row["tier"], []).append(row)
-    return {tier: (sum(r["score"] for r in found) / len(found),
-                   sum(r["stored_vs_bf16"] for r in found) / len(found), len(found))
-            for tier, found in by_tier.items()}
+            by_tier.setdefault(row["tier"], {})[row["task"]] = row
+    tasks = set(by_tier.get("native", {}))
+    return {tier: (sum(found[t]["score"] for t in tasks) / len(tasks),
+                   sum(found[t]["stored_vs_bf16"] for t in tasks) / len(tasks), len(tasks))
+            for tier, found in by_tier.items() if tasks and tasks <= set(found)}
 
 
 def ruler_bytes_figure(rows: Sequence, length: int) -> go.Figure:
