@@ -11,8 +11,9 @@ the native keys and values, a press scores them with the queries the prefill cap
 "once" protocol, kvpress's). The question and the answer prefix follow unpressed; the answer is decoded greedily up
 to the task's budget or an end-of-turn token and scored as RULER scores it. So a tier pays only for its conversion,
 the question and its answer (decoding stops once every expected string has appeared: the score could not change
-after it), and `seconds` says so: the tier's own work, summed over the samples; native's row
-adds the shared prefill, and `prefill_share` is a tier's own seconds over the prefill's.
+after it), and `seconds` says so: the tier's own work, summed over the samples (a tier's calibration, computed once
+per model, is done before any sample and counted in none); native's row adds the shared prefill, and
+`prefill_share` is a tier's own seconds over the prefill's.
 
 press_mode "chunked" measures the memory-bounded streaming mode instead: a press's cache prefills the context itself
 in PREFILL_CHUNK-token chunks, each pressed as it arrives (its own prefill is then in its seconds), as does a token
@@ -34,6 +35,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from codeckv.cache import footprint, held_bytes, make_cache
+from codeckv.cache.calibration import calibration_for
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import next_logits, stop_token_ids
 from codeckv.measure.llamacpp import LLAMACPP_REFERENCE, KVGeometry, LlamaCppPeer, open_engine, rule_bytes_per_token
@@ -167,6 +169,9 @@ def ruler_grid(
     for tier in tiers:
         if isinstance(tier, Peer | LlamaCppPeer) and (reason := absent_reason(tier, loaded.info)):
             raise ValueError(reason)
+    for tier in tiers:  # a PCA basis or FP8 scales: computed once per model (minutes), never in a tier's seconds
+        if isinstance(tier, Tier):
+            calibration_for(loaded, tier)
     stop_ids = stop_token_ids(loaded.tokenizer, loaded.model)
     cells = [(length, task) for length in lengths for task in tasks
              if any((task, length, t.name) not in skip for t in tiers)]
