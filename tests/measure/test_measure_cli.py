@@ -126,13 +126,13 @@ def test_ruler_cli_writes_rulers_columns_and_update_measures_only_what_is_missin
 
 def test_quality_at_depths_writes_a_row_per_tier_and_depth_and_a_chart_per_metric(tmp_path, capsys):
     out = tmp_path / "depth.csv"
-    code = main(["quality", "--depths", "48", "96", "--windows", "1", "--tiers", "int8", "snapkv-50", "--out",
-                 str(out), "--charts", str(tmp_path / "charts")])
+    code = main(["quality", "--depths", "48", "96", "--windows", "1", "--tiers", "snapkv-50", "--out", str(out),
+                 "--charts", str(tmp_path / "charts")])  # a press: its scored tokens go in one forward (seconds)
     assert code == 0 and "prefilled once" in capsys.readouterr().out
     with out.open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["prefix_tokens"], r["tier"]) for r in rows] == [
-        ("48", "native"), ("48", "int8"), ("48", "snapkv-50"), ("96", "native"), ("96", "int8"), ("96", "snapkv-50")]
+        ("48", "native"), ("48", "snapkv-50"), ("96", "native"), ("96", "snapkv-50")]
     assert {p.name for p in (tmp_path / "charts").glob("*.html")} == {
         "depth_kld.html", "depth_top1_pct.html", "depth_delta_nll_pct.html"}
     assert main(["quality", "--depths", "48", "--tiers", "hf-quanto-int4"]) == 1  # peers need their own prefill

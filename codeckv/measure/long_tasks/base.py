@@ -44,8 +44,7 @@ class LongTask:
     name: str
     tests: str  # one line: what the task asks of the model
     answer_tokens: int  # RULER's tokens_to_generate for the task
-    generate: Callable[[random.Random, int, str], TaskText]  # (rng, haystack size, haystack text) -> TaskText
-    haystack: str  # "noise", "essay" or "needle" (niah), "words" (cwe, fwe): what size counts
+    generate: Callable[[random.Random, int, str], TaskText]  # (rng, haystack size, essay text) -> TaskText
     smallest: int = 1  # the least haystack size that makes a valid instance
 
 

@@ -53,5 +53,5 @@ def task_for(length: int) -> LongTask:
     def made(rng: random.Random, size: int, essay: str) -> TaskText:
         return generate(rng, size, essay, short)
 
-    return LongTask("cwe", "the 10 most frequent words of a long numbered list", ANSWER_TOKENS, made, "words",
+    return LongTask("cwe", "the 10 most frequent words of a long numbered list", ANSWER_TOKENS, made,
                     smallest=COMMON + 1)

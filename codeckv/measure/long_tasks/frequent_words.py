@@ -56,4 +56,4 @@ def task_for(length: int) -> LongTask:
 
     # the 4th word (rank 4) appears size / (16 zeta(2)) times: at least once from 27 words on
     return LongTask("fwe", "the 3 most frequent coded words of a zeta-distributed text", ANSWER_TOKENS, made,
-                    "words", smallest=27)
+                    smallest=27)

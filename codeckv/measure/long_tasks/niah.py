@@ -100,6 +100,6 @@ VARIANTS = {
     "niah_multiquery": (Niah("essay", "words", "numbers", keys=4, queries=4), "the numbers of 4 keys at once"),
 }
 
-TASKS = {name: LongTask(name, tests, ANSWER_TOKENS, partial(generate, config), config.haystack,
+TASKS = {name: LongTask(name, tests, ANSWER_TOKENS, partial(generate, config),
                         smallest=max(config.keys, config.queries) * config.values + 1)
          for name, (config, tests) in VARIANTS.items()}

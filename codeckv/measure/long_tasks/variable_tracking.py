@@ -57,4 +57,4 @@ def generate(rng: random.Random, size: int, essay: str) -> TaskText:
 
 
 TASK = LongTask("vt", "every variable a 4-hop chain of assignments passes a number to", ANSWER_TOKENS, generate,
-                "noise", smallest=HOPS + 1)
+                smallest=HOPS + 1)
