@@ -107,6 +107,10 @@ def _at_depths(args, loaded, tiers, text, bar, progress, start) -> None:
     if any(not isinstance(t, Tier) for t in tiers) or args.press_mode != "once":
         raise ValueError("--depths builds every tier from one prefill per window (the once protocol): tier names "
                          "only, no peers, --press-mode once")
+    longest = max(args.depths) + DEPTH_SCORED + 1
+    if longest > loaded.info.max_context:
+        raise ValueError(f"--depths {max(args.depths)}: {longest} tokens a window, more than {loaded.info.name}'s "
+                         f"context of {loaded.info.max_context}")
     rows = []
     for depth in args.depths:
         bar.set_description(f"quality at {depth} tokens")

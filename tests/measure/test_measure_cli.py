@@ -136,3 +136,5 @@ def test_quality_at_depths_writes_a_row_per_tier_and_depth_and_a_chart_per_metri
     assert {p.name for p in (tmp_path / "charts").glob("*.html")} == {
         "depth_kld.html", "depth_top1_pct.html", "depth_delta_nll_pct.html"}
     assert main(["quality", "--depths", "48", "--tiers", "hf-quanto-int4"]) == 1  # peers need their own prefill
+    assert main(["quality", "--depths", "1000000", "--tiers", "int8"]) == 1  # past the model's context
+    assert "more than smollm2-135m's context" in capsys.readouterr().err
