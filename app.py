@@ -35,7 +35,7 @@ from codeckv.serve.inputs import (
 )
 from codeckv.serve.limits import Limits, StopFlag, release_memory
 from codeckv.serve.long_context import RULER_LENGTHS, RULER_TASKS, ruler_cells, ruler_request, ruler_views
-from codeckv.serve.pool import POOL
+from codeckv.serve.pool import POOL, leased
 from codeckv.serve.preparation import PREPARATION
 from codeckv.serve.reports import Reports
 from codeckv.serve.service import (
@@ -50,6 +50,7 @@ from codeckv.serve.service import (
     ONE_PROMPT,
     RESUME_GPU_SECONDS,
     SOURCES,
+    bar_progress,
     chat_download,
     chat_gpu_seconds,
     chat_request,
@@ -122,12 +123,8 @@ def download_cache(session):
 def resume_chat(upload, model_name, session):
     """Continue the conversation of an uploaded .kvc file; the tier and view controls follow the file."""
     session = session if isinstance(session, ChatSession) else ChatSession()
-    try:
-        with POOL.lease(model_name) as loaded:
-            native, codec, native_note, codec_note, tier, on_codes = chat_resume(loaded, session, upload,
-                                                                             Limits.from_env())
-    finally:
-        release_memory()
+    with leased(model_name) as loaded:
+        native, codec, native_note, codec_note, tier, on_codes = chat_resume(loaded, session, upload, Limits.from_env())
     return native, codec, native_note, codec_note, tier, not on_codes, False, None, session
 
 
@@ -145,16 +142,14 @@ def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
     *advanced, layer, head, which = advanced_and_view
     prompt = user_text(prompt, "the text")
     tier = tier_from_knobs(tier_name, *advanced)
-    try:
-        with POOL.lease(model_name) as loaded:
-            figures, summary = inspect_request(loaded, prompt, tier, layer, head, which, Limits.from_env())
-    finally:
-        release_memory()
+    with leased(model_name) as loaded:
+        figures, summary = inspect_request(loaded, prompt, tier, layer, head, which, Limits.from_env())
     return (figures["heatmap"], figures["spectrum"], figures["channel_spectrum"], figures["layer_errors"],
             figures["var_ratio"], figures["layer_tiers"], summary)
 
+
 def request_stop(flag):
-    """The Sweep / Needle Stop button: the running request stops at its next step."""
+    """A long-running tab's Stop button: the running request stops at its next step."""
     if isinstance(flag, StopFlag):
         flag.request()
 
@@ -165,14 +160,10 @@ def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens,
               progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
     """Every chosen tier: on long text (default) or on one chat prompt; table, charts, CSV / JSON downloads."""
     metric = METRICS[one_of(metric, "quality axis", METRICS)]
-    report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
-    try:
-        with POOL.lease(model_name) as loaded:
-            run = sweep_request(loaded, mode, source, pasted, upload, windows, length, prompt, new_tokens, tiers,
-                                report, stop=fresh_stop(stop))
-            model = loaded.info.name
-    finally:
-        release_memory()
+    with leased(model_name) as loaded:
+        run = sweep_request(loaded, mode, source, pasted, upload, windows, length, prompt, new_tokens, tiers,
+                            bar_progress(progress), stop=fresh_stop(stop))
+        model = loaded.info.name
     files = sweep_downloads(run, model, REPORTS.fresh())
     views = sweep_views(run, metric)
     return (run.table, views["pareto"], gr.update(value=views["latency"], visible=views["prompt_mode"]),
@@ -185,12 +176,9 @@ def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens,
 def run_needle(lengths, depths, tiers, model_name, press_mode="once", stop=None, progress=gr.Progress()):  # noqa: B008
     """Pass-key retrieval of native and every chosen tier over prompt lengths and key depths."""
     needle_cells(lengths, depths, press_mode=press_mode)  # refused before a model is touched
-    report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
-    try:
-        with POOL.lease(model_name) as loaded:
-            grid = needle_request(loaded, lengths, depths, tiers, report, stop=fresh_stop(stop), press_mode=press_mode)
-    finally:
-        release_memory()
+    with leased(model_name) as loaded:
+        grid = needle_request(loaded, lengths, depths, tiers, bar_progress(progress), stop=fresh_stop(stop),
+                              press_mode=press_mode)
     return needle_views(grid, REPORTS.fresh())
 
 
@@ -199,13 +187,9 @@ def run_needle(lengths, depths, tiers, model_name, press_mode="once", stop=None,
 def run_ruler(tasks, lengths, samples, tiers, model_name, press_mode="once", stop=None, progress=gr.Progress()):  # noqa: B008
     """RULER-style tasks: native and every chosen tier, one native prefill per sample."""
     ruler_cells(tasks, lengths, samples, press_mode=press_mode)  # refused before a model is touched
-    report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
-    try:
-        with POOL.lease(model_name) as loaded:
-            rows = ruler_request(loaded, tasks, lengths, samples, tiers, report, stop=fresh_stop(stop),
-                                 press_mode=press_mode)
-    finally:
-        release_memory()
+    with leased(model_name) as loaded:
+        rows = ruler_request(loaded, tasks, lengths, samples, tiers, bar_progress(progress), stop=fresh_stop(stop),
+                             press_mode=press_mode)
     return ruler_views(rows, REPORTS.fresh())
 
 
@@ -213,12 +197,9 @@ def run_ruler(tasks, lengths, samples, tiers, model_name, press_mode="once", sto
 @guarded
 def run_memory(contexts, tiers, new_tokens, model_name, stop=None, progress=gr.Progress()):  # noqa: B008
     """Held, peak and at-rest bytes of native and every chosen tier over prompt lengths: charts, table, CSV."""
-    report = lambda done, total, message: progress((done, total), desc=message)  # noqa: E731
-    try:
-        with POOL.lease(model_name) as loaded:
-            table, figures, rows = memory_request(loaded, contexts, tiers, new_tokens, report, stop=fresh_stop(stop))
-    finally:
-        release_memory()
+    with leased(model_name) as loaded:
+        table, figures, rows = memory_request(loaded, contexts, tiers, new_tokens, bar_progress(progress),
+                                              stop=fresh_stop(stop))
     return figures["held"], figures["peak"], table, str(write_csv(rows, REPORTS.fresh() / "memory.csv"))
 
 

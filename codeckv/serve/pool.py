@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from codeckv.loaded import LoadedModel
 from codeckv.models import ModelUnavailableError, available_models, load_model
+from codeckv.serve.limits import release_memory
 
 DEFAULT_MAX_MODELS = 2
 
@@ -123,3 +124,13 @@ class ModelPool:
 
 
 POOL = ModelPool()
+
+
+@contextmanager
+def leased(name: str) -> Iterator[LoadedModel]:
+    """POOL.lease(name) for one request; after it, the memory the request freed goes back to the system."""
+    try:
+        with POOL.lease(name) as loaded:
+            yield loaded
+    finally:
+        release_memory()

@@ -79,6 +79,11 @@ class SweepOutcome:
     about: dict  # what was measured, for the JSON report
 
 
+def bar_progress(progress) -> Progress:
+    """A Progress callback driving a Gradio progress bar (gr.Progress): fraction done and the message."""
+    return lambda done, total, message: progress((done, total), desc=message)
+
+
 def until(deadline: Deadline, progress: Progress | None, stop: StopFlag | None = None) -> Progress:
     """A progress callback that also stops the work once the deadline has passed or a stop was requested."""
 
