@@ -13,6 +13,7 @@ from codeckv.cli.types import positive, tier_name
 NAME = "memory"
 HELP = "held, peak and at-rest bytes of each tier vs native over contexts"
 ALL = "all"  # --tiers all: every preset tier
+MODES = ("codes", "view")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=positive, default=64, help="greedy tokens after the prompt (default 64)")
     parser.add_argument("--tiers", nargs="+", type=tier_or_all, default=["int8", "turbo-4", "pca-8x"],
                         help="tier names, or all (every preset); native always runs (default int8 turbo-4 pca-8x)")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                        help="how a codec tier's attention reads: on its codes, through a decoded view, or both "
+                             "(default both; a tier without a kernel for its codes runs the view only)")
     parser.add_argument("--out", help="CSV path (default out/memory-<model>.csv)")
     parser.add_argument("--charts", help="folder for the charts (default out/memory-<model>)")
 
@@ -30,6 +34,12 @@ def tier_or_all(text: str) -> str:
     return text if text == ALL else tier_name(text)
 
 
+def _chosen(modes: list[str], asked: list[str]) -> list[str]:
+    """The asked modes a tier runs in; a tier with none of them (native; codes asked where no kernel reads them)
+    runs in its own last mode, so every tier gets a row."""
+    return [mode for mode in modes if mode in asked] or modes[-1:]
+
+
 def run(args: argparse.Namespace) -> None:
     from codeckv.measure.memory import beside_native, memory_row_isolated, modes_of
     from codeckv.measure.table import format_table, write_csv
@@ -37,7 +47,7 @@ def run(args: argparse.Namespace) -> None:
 
     names = [name for name in args.tiers if name != ALL] + (list(TIERS) if ALL in args.tiers else [])
     tiers = [get_tier(name) for name in dict.fromkeys(["native", *names])]
-    plan = [(t, m, c) for c in args.contexts for t in tiers for m in modes_of(t)]
+    plan = [(t, m, c) for c in args.contexts for t in tiers for m in _chosen(modes_of(t), args.modes)]
     rows = []
     with tqdm(total=len(plan), desc="memory", unit="turn") as bar:
         for tier, mode, context in plan:

@@ -6,6 +6,8 @@ import json
 import pytest
 
 from codeckv.cli import main
+from codeckv.measure.memory import modes_of
+from codeckv.tiers import get_tier
 
 
 def test_sweep_cli_writes_table_and_charts(tmp_path, capsys):
@@ -61,8 +63,11 @@ def test_allocate_cli_prints_the_plan_and_writes_its_three_tables(tmp_path, caps
 
 def test_outputs_default_to_out_never_assets(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["memory", "--contexts", "16", "--new-tokens", "1", "--tiers", "int8"]) == 0
+    assert main(["memory", "--contexts", "16", "--new-tokens", "1", "--tiers", "int8", "--modes", "codes"]) == 0
     assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.csv")] == ["out/memory-smollm2-135m.csv"]
+    rows = list(csv.DictReader((tmp_path / "out/memory-smollm2-135m.csv").open()))
+    int8_mode = "codes" if "codes" in modes_of(get_tier("int8")) else "view"  # view only where no kernel reads codes
+    assert [(r["tier"], r["mode"]) for r in rows] == [("native", "native"), ("int8", int8_mode)], "--modes codes only"
     assert "memory" in capsys.readouterr().err, "the progress bar goes to stderr"
 
 
