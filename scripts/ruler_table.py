@@ -4,7 +4,9 @@ tasks measured at each length (with the tasks counted) beside what the tier stor
     .venv/bin/python scripts/ruler_table.py assets/ruler-smollm2-135m.csv [--tasks-table]
 
 --tasks-table prints instead one column per task (score ± its standard error over the samples), one table per
-length.
+length; --costs what each tier's own work (its cache built from the shared prefill, the question and the answer)
+cost against the sample's native prefill, over the tasks: the median, the largest, and the median beyond native's
+own question and answer.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import statistics
 from pathlib import Path
 
 
@@ -63,13 +66,34 @@ def per_task(rows: list[dict]) -> str:
     return "\n\n".join(out)
 
 
+def costs(rows: list[dict]) -> str:
+    out = []
+    for n in sorted({int(r["length"]) for r in rows}):
+        at = [r for r in rows if int(r["length"]) == n and r["prefill_share"] not in ("", "nan")]
+        native = {r["task"]: float(r["prefill_share"]) for r in at if r["tier"] == "native"}
+        lines = [f"{n:,} tokens", "", "| cache | tasks | median share of the native prefill | largest (task) | "
+                 "median beyond native's answer |", "|---|---:|---:|---:|---:|"]
+        for tier in _tiers(at):
+            mine = [r for r in at if r["tier"] == tier]
+            shares = [float(r["prefill_share"]) for r in mine]
+            worst = max(mine, key=lambda r: float(r["prefill_share"]))
+            beyond = [float(r["prefill_share"]) - native[r["task"]] for r in mine if r["task"] in native]
+            extra = f"{100 * statistics.median(beyond):.1f}%" if beyond and tier != "native" else ""
+            lines.append(f"| `{tier}` | {len(mine)} | {100 * statistics.median(shares):.1f}% | "
+                         f"{100 * float(worst['prefill_share']):.1f}% ({worst['task']}) | {extra} |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", type=Path)
-    parser.add_argument("--tasks-table", action="store_true", help="one column per task instead")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--tasks-table", action="store_true", help="one column per task instead")
+    shown.add_argument("--costs", action="store_true", help="each tier's own seconds against the native prefill")
     args = parser.parse_args()
     rows = _rows(args.csv)
-    print(per_task(rows) if args.tasks_table else averages(rows))
+    print(per_task(rows) if args.tasks_table else costs(rows) if args.costs else averages(rows))
 
 
 if __name__ == "__main__":
