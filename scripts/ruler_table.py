@@ -1,5 +1,5 @@
 """The README's long-context table from a CSV of `python -m codeckv ruler`: per tier, the RULER average over the
-tasks measured at each length (with the tasks counted) beside what the tier stores and holds.
+tasks measured at each length (with the tasks counted) beside what the tier stores and holds at the longest length.
 
     .venv/bin/python scripts/ruler_table.py assets/ruler-smollm2-135m.csv [--tasks-table]
 
@@ -30,17 +30,19 @@ def _tiers(rows: list[dict]) -> list[str]:
 
 def averages(rows: list[dict]) -> str:
     lengths = sorted({int(r["length"]) for r in rows})
-    head = "| cache | stores (vs bf16) | held after the context |" + "".join(f" RULER avg at {n:,} |" for n in lengths)
+    head = (f"| cache | stores (vs bf16) | held after a {lengths[-1]:,}-token context |"
+            + "".join(f" RULER avg at {n:,} |" for n in lengths))
     lines = [head, "|---|---:|---:|" + "---:|" * len(lengths)]
     for tier in _tiers(rows):
         mine = [r for r in rows if r["tier"] == tier]
         stored = sum(float(r["stored_vs_bf16"]) for r in mine) / len(mine)
-        held = sum(float(r["held_bytes"]) for r in mine) / len(mine)
+        longest = [float(r["held_bytes"]) for r in mine if int(r["length"]) == lengths[-1]]
+        held = sum(longest) / len(longest) if longest else 0.0
         cells = []
         for n in lengths:
             scores = [float(r["score"]) for r in mine if int(r["length"]) == n]
             cells.append(f" {sum(scores) / len(scores):.1f} ({len(scores)} tasks) |" if scores else " |")
-        held_text = f"{held / 2**20:.1f} MiB" if held else "(llama.cpp's)"
+        held_text = f"{held / 2**20:.1f} MiB" if held else "(llama.cpp's)" if tier.startswith("llamacpp") else ""
         lines.append(f"| `{tier}` | {100 * stored:.1f}% | {held_text} |" + "".join(cells))
     return "\n".join(lines)
 
