@@ -15,7 +15,13 @@ import argparse
 import csv
 import math
 import statistics
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from codeckv.measure.long_tasks import TASK_NAMES  # noqa: E402
 
 
 def _rows(path: Path) -> list[dict]:
@@ -51,7 +57,8 @@ def per_task(rows: list[dict]) -> str:
     out = []
     for n in sorted({int(r["length"]) for r in rows}):
         at = [r for r in rows if int(r["length"]) == n]
-        tasks = list(dict.fromkeys(r["task"] for r in at))
+        measured = {r["task"] for r in at}
+        tasks = [t for t in TASK_NAMES if t in measured] + sorted(measured - set(TASK_NAMES))
         lines = [f"{n:,} tokens", "", "| cache |" + "".join(f" {t} |" for t in tasks),
                  "|---|" + "---:|" * len(tasks)]
         for tier in _tiers(at):
