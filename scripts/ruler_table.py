@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from codeckv.measure.long_tasks import TASK_NAMES  # noqa: E402
+from codeckv.tiers import TIERS  # noqa: E402
 
 
 def _rows(path: Path) -> list[dict]:
@@ -30,8 +31,10 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _tiers(rows: list[dict]) -> list[str]:
+    """The tiers measured, in the presets' order (native first), then the peers."""
     names = list(dict.fromkeys(r["tier"] for r in rows))
-    return sorted(names, key=lambda name: name != "native")
+    order = {name: i for i, name in enumerate(TIERS)}
+    return sorted(names, key=lambda name: order.get(name, len(order)))
 
 
 def averages(rows: list[dict]) -> str:
