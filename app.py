@@ -18,20 +18,17 @@ from codeckv.measure.peers import PEER_NAMES, PEERS, absent_reason
 from codeckv.measure.table import write_csv
 from codeckv.models import DEFAULT_MODEL
 from codeckv.presses import PRESS_MODE_MEANING, PRESS_MODES
-from codeckv.serve.formatting import (
-    model_markdown,
-)
+from codeckv.serve.formatting import model_markdown
 from codeckv.serve.guard import guarded
 from codeckv.serve.inputs import (
     BITS_CHOICES,
     CACHE_FILE_TYPES,
     DOCUMENTS,
     TEXT_FILE_TYPES,
+    checked_chat,
     one_of,
     tier_from_knobs,
     user_text,
-    whole,
-    with_document,
 )
 from codeckv.serve.limits import Limits, StopFlag, release_memory
 from codeckv.serve.long_context import RULER_LENGTHS, RULER_TASKS, ruler_cells, ruler_request, ruler_views
@@ -89,13 +86,10 @@ def chat_turn(message, document, upload, model_name, tier_name, max_new_tokens, 
     *advanced, session = rest
     session = session if isinstance(session, ChatSession) else ChatSession()
     limits = Limits.from_env()
-    message = user_text(message)
-    max_new_tokens = whole(max_new_tokens, "max new tokens", 1, limits.max_new_tokens)
-    tier = tier_from_knobs(tier_name, *advanced)
-    user, shown = with_document(message, one_of(document, "document", DOCUMENTS) if document else None, upload)
+    user, shown, tier, new_tokens = checked_chat(message, document, upload, tier_name, max_new_tokens, advanced, limits)
     try:
         for native, codec, native_stats, codec_stats in chat_request(POOL, model_name, session, user, shown, tier,
-                                                                     max_new_tokens, decoded_view, limits):
+                                                                     new_tokens, decoded_view, limits):
             yield native, codec, native_stats, codec_stats, "", None, None, session
     finally:
         release_memory()

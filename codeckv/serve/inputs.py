@@ -200,3 +200,14 @@ def saved_cache_file(path, max_bytes: int) -> Path:
     if path.stat().st_size > max_bytes:
         raise ValueError(f"{path.name} is {path.stat().st_size:,} bytes, more than the {max_bytes:,} allowed here")
     return path
+
+
+def checked_chat(message, document, upload, tier_name, max_new_tokens, advanced, limits: Limits
+                ) -> tuple[str, str, Tier, int]:
+    """A chat turn's inputs, checked and bounded: (the user's text with any document, what the panel shows, the tier,
+    the new-token count)."""
+    text = user_text(message)
+    max_new_tokens = whole(max_new_tokens, "max new tokens", 1, limits.max_new_tokens)
+    tier = tier_from_knobs(tier_name, *advanced)
+    user, shown = with_document(text, one_of(document, "document", DOCUMENTS) if document else None, upload)
+    return user, shown, tier, max_new_tokens
