@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -263,8 +264,12 @@ def _save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     model.generation_config.save_pretrained(partial)
     safetensors.torch.save_model(model, str(partial / "model.safetensors"))  # handles tied embeddings
     tokenizer.save_pretrained(partial)
-    if not target.exists():
+    try:
         partial.rename(target)
+    except OSError:  # another process (a second app, a test worker) moved its copy in first: keep that one
+        if not target.exists():
+            raise
+        shutil.rmtree(partial)
 
 
 def _load_hub(hub_id: str, dtype: torch.dtype) -> PreTrainedModel:

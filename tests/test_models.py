@@ -38,6 +38,23 @@ def test_second_load_reads_the_converted_copy(loaded):
     assert (first == second).all(), "the converted copy must hold the same weights"
 
 
+def test_a_copy_converted_second_keeps_the_first_and_leaves_nothing_behind(loaded, tmp_path):
+    """Two processes converting at once (two apps, make test's two workers): the second finds the first's copy in
+    place and removes its own."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from codeckv.models import _save_converted
+
+    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1))
+    target = tmp_path / "tiny"
+    _save_converted(tiny, loaded.tokenizer, target)
+    (target / "first").touch()
+    _save_converted(tiny, loaded.tokenizer, target)
+    assert (target / "first").exists(), "the first copy stays"
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny"], "no partial copy left"
+
+
 def test_unknown_name_says_what_to_use():
     with pytest.raises(ModelUnavailableError, match="unknown model 'gpt-17'.*smollm2-135m"):
         load_model("gpt-17")

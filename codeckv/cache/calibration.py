@@ -11,7 +11,8 @@ A PCA tier's coder per layer (codecs/pca.py) is a basis, the same for every tier
 adds: its step, its kept components, its entropy tables (cache/calibration_fit.py computes both). So one pass over
 the calibration text serves every tier: computing one PCA tier computes every PCA tier of TIERS calibrated on the
 same text, and saves, under $CODECKV_CACHE/calibration, one basis file per model (fp16) and one small file per tier.
-At most one calibration computes at a time in a process; others wait for it, and calibration_status shows them.
+At most one calibration computes at a time in a process, and one per model across the processes sharing the folder
+(a lock file); others wait for it, and calibration_status shows them.
 A cache that holds its tokens raw until its N (cache/pca_layer.py) needs no coder before it first archives: it can
 take a Deferred calibration (ready_or_deferred), read or computed at that moment, so a short chat never waits for one.
 
@@ -24,13 +25,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: no lock across processes (_other_processes_done)
+    fcntl = None
 
 from codeckv.cache.calibration_fit import Basis, Progress, TierFit, capture_rows, fit_basis, fit_coders
 from codeckv.cache.calibration_text import calibration_dir, calibration_windows
@@ -216,18 +225,45 @@ def _compute(loaded, tiers: list[Tier], progress: Progress | None, asked: list[s
             if progress:
                 progress(*_waiting(name, asked))
         try:
-            by_text: dict[tuple[int, int], list[Tier]] = {}
-            for t in tiers:
-                if _read(name, t.joint) is None:  # another caller may have computed it while this one waited
-                    by_text.setdefault((t.joint.calibration_windows, t.joint.calibration_length), []).append(t)
-            for (windows, length), group in by_text.items():
-                _compute_pass(loaded, windows, length, group, _reporter(name, group, progress))
+            with _other_processes_done(name, progress):
+                by_text: dict[tuple[int, int], list[Tier]] = {}
+                for t in tiers:
+                    if _read(name, t.joint) is None:  # another caller may have computed it while this one waited
+                        by_text.setdefault((t.joint.calibration_windows, t.joint.calibration_length), []).append(t)
+                for (windows, length), group in by_text.items():
+                    _compute_pass(loaded, windows, length, group, _reporter(name, group, progress))
         finally:
             _COMPUTING.release()
     finally:
         with _STATUS_LOCK:
             for tier_name in claimed:
                 _STATUS[name].pop(tier_name, None)
+
+
+@contextmanager
+def _other_processes_done(model: str, progress: Progress | None) -> Iterator[None]:
+    """Hold `model`'s lock file in calibration_dir() (fcntl.flock, released if the process dies), so two processes
+    sharing $CODECKV_CACHE (an app and a CLI, two test workers) compute a model's calibrations once: the second
+    waits, then reads what the first saved. Where fcntl is missing (Windows) each process computes its own."""
+    if fcntl is None:
+        yield
+        return
+    safe = "".join(c if c.isalnum() or c in "-." else "_" for c in model)
+    path = calibration_dir() / f"{safe}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if progress:
+                    progress(0.0, f"waiting for another process's calibration of {model} to finish")
+                time.sleep(WAIT_POLL_SECONDS)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _compute_pass(loaded, windows: int, length: int, tiers: list[Tier], report: Progress) -> None:
@@ -332,7 +368,7 @@ def _digest(basis: Basis) -> str:
 
 def _save(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+    tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")
     torch.save(state, tmp)
     tmp.replace(path)  # atomic: a reader never sees half a file
 

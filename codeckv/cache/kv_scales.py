@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 
 import torch
@@ -70,7 +71,7 @@ def kv_scales(loaded) -> KVScales:
             return KVScales(name, {int(i): (s["keys"], s["values"]) for i, s in state["layers"].items()})
     found = kv_absmax(loaded.model, calibration_windows(loaded.tokenizer, WINDOWS, LENGTH))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two processes computing at once never share one
     torch.save({"version": VERSION, "layers": {i: {"keys": k, "values": v} for i, (k, v) in found.items()}}, tmp)
     tmp.replace(path)  # atomic: a reader never sees half a file
     return KVScales(name, found)

@@ -1,11 +1,16 @@
 """PCA calibration (codeckv/cache/calibration.py): one pass for every tier calibrated on the same text, a basis
-computed once and shared, files read back bit for bit, one calibration at a time whose progress others see, and a
-calibration text apart from every quality window. Small calibrations (2 windows of 64 tokens) of the embedded model."""
+computed once and shared, files read back bit for bit, one calibration at a time whose progress others see (in a
+process, and across processes sharing the folder), and a calibration text apart from every quality window. Small
+calibrations (2 windows of 64 tokens) of the embedded model."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +27,7 @@ COARSE = Tier("pca-small-coarse", "a small calibration", joint=JointPCA(0.5, **S
 FINE = Tier("pca-small-fine", "a small calibration", joint=JointPCA(2.0, **SMALL_TEXT))
 LATER = Tier("pca-small-later", "a tier on the same text, not among TIERS", joint=JointPCA(1.0, **SMALL_TEXT))
 MODEL = "smollm2-135m"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -128,13 +134,61 @@ def test_one_calibration_at_a_time_and_the_others_see_it(loaded, fresh, monkeypa
     status = calibration.calibration_status(MODEL)
     finish.set()
     for caller in callers:
-        caller.join(60)
+        caller.join(600)  # returns once done: the bound is for a machine busy with other work
     assert status["pca-small-coarse"] == status["pca-small-fine"] == ("running", 0.4, "held by the test")
     assert status["pca-small-later"].state == "queued"
     assert told["fine"][0] == "held by the test", "a caller waiting for a tier being computed sees its progress"
     assert told["later"][0].startswith("waiting for another calibration to finish (smollm2-135m pca-small-")
     assert fits == [1] and calibration.calibration_path(MODEL, LATER.joint).exists()
     assert calibration.calibration_status(MODEL) == {}, "nothing queued or running once they are done"
+
+
+OTHER_PROCESS = """
+import sys
+import codeckv.cache.calibration as calibration
+from codeckv.models import load_model
+from tests.cache.test_calibration import COARSE, FINE
+
+calibration.TIERS = {t.name: t for t in (COARSE, FINE)}
+real = calibration.fit_basis
+
+def held_fit(model, ids, progress):
+    print("holding", flush=True)
+    sys.stdin.readline()
+    return real(model, ids, progress)
+
+calibration.fit_basis = held_fit
+calibration.calibration_for(load_model(), COARSE)
+"""
+
+
+def test_a_second_process_waits_for_the_first_and_reads_what_it_saved(loaded, fresh, monkeypatch):
+    """Two processes on one folder (an app and a CLI, or make test's two workers): while one computes a model's
+    calibrations, the other waits on the folder's lock file, told so, then reads the files instead of computing."""
+    other = subprocess.Popen([sys.executable, "-c", OTHER_PROCESS], cwd=ROOT, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get(
+                                 "PYTHONPATH")]))})
+    try:
+        assert other.stdout.readline().strip() == "holding", "the other process reached its pass"
+        fits, told, found = _counted(monkeypatch, "fit_basis"), [], []
+        waiting = threading.Thread(target=lambda: found.append(calibration.calibration_for(
+            loaded, FINE, progress=lambda f, m: told.append(m))))
+        waiting.start()
+        deadline = time.monotonic() + 60
+        while not told and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert told and told[0] == "waiting for another process's calibration of smollm2-135m to finish", told[:1]
+        assert waiting.is_alive() and fits == []
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        assert other.wait(300) == 0
+        waiting.join(120)
+    finally:
+        other.kill()
+    assert fits == [], "read from the files the other process saved, not computed again"
+    _new_process(monkeypatch)
+    assert found and _same(found[0], calibration.calibration_for(loaded, FINE, compute=False))
 
 
 def test_the_fp16_basis_inverts_exactly_with_every_component_kept():
