@@ -8,9 +8,9 @@ run:
 	scripts/setup.sh
 	GRADIO_SERVER_NAME=$${GRADIO_SERVER_NAME:-127.0.0.1} $(PY) app.py
 
-test:
-	scripts/setup.sh --dev
-	$(PY) -m pytest
+test:  # the model converted and its PCA tiers calibrated once here, so the two workers start on a warm cache
+	scripts/setup.sh --dev --convert
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder  # two workers, a file each, longest first (docs/testing.md)
 
 lint:
 	scripts/setup.sh --dev

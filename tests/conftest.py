@@ -1,4 +1,5 @@
-"""Shared test set-up: offline, Triton through its interpreter on CPU, one model load per session, fresh venvs."""
+"""Shared test set-up: offline, Triton through its interpreter on CPU, one thread per xdist worker, one model load per
+session, fresh venvs."""
 
 import os
 import subprocess
@@ -8,6 +9,8 @@ from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel import; a GPU run sets TRITON_INTERPRET=0
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # make test's two workers share the cores: one thread each, and for the
+    os.environ["OMP_NUM_THREADS"] = "1"  # processes a test starts, so no test compares numbers from two thread counts
 
 import pytest  # noqa: E402
 
@@ -18,6 +21,8 @@ import setuptools  # noqa: E402, F401
 import torch  # noqa: E402
 
 torch.manual_seed(0)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +85,19 @@ def fresh_env(tmp_path_factory):
 
     return make
 
+
+
+# The longest files first (docs/testing.md, "How long it takes"): make test's two workers each take a file at a time
+# in this order, so neither is left running a long one alone at the end. Within a file the order stays as written.
+LONGEST_FIRST = ("tests/app/test_first_use.py", "tests/measure/test_chat.py", "tests/app/test_browser.py",
+                 "tests/presses/test_kvpress_reference.py", "tests/cache/test_calibration.py",
+                 "tests/app/test_hostile.py")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        path = Path(item.path).relative_to(ROOT).as_posix()
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable
