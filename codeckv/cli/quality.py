@@ -126,7 +126,7 @@ def _at_depths(args, loaded, tiers, text, bar, progress, start) -> None:
     suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
     stem = f"depth-{file_stem(loaded.info.name)}{suffix}"
     written = write_csv(rows, args.out or f"out/{stem}.csv")
-    paths = write_figures(lambda figures: {f"depth_{metric}": figures.depth_figure(rows, metric)
+    paths = write_figures(lambda figures: {f"depth_{metric}": figures.depth_figure(rows, metric, loaded.info.name)
                                            for metric in ("kld", "top1_pct", "delta_nll_pct")},
                           Path(args.charts or f"out/{stem}"))
     print(f"wrote {written}, " + ", ".join(str(p) for p in paths))

@@ -103,9 +103,10 @@ def ruler_bytes_figure(rows: Sequence, length: int) -> go.Figure:
                   "bytes stored per token seen / bf16 (×)", "RULER average (0-100)")
 
 
-def depth_figure(rows: Sequence, metric: str = "kld") -> go.Figure:
+def depth_figure(rows: Sequence, metric: str = "kld", model: str | None = None) -> go.Figure:
     """A quality metric of the tokens after a compressed prefix, against the prefix's length: one line per tier
-    (quality rows of several --depths, each with its prefix_tokens), with the spread over windows as error bars."""
+    (quality rows of several --depths, each with its prefix_tokens), with the spread over windows as error bars;
+    the title names `model` when given."""
     rows = [r for r in _dicts(rows) if r["tier"] != "native"]
     fig = go.Figure()
     for index, tier in enumerate(_tiers(rows)):
@@ -120,5 +121,6 @@ def depth_figure(rows: Sequence, metric: str = "kld") -> go.Figure:
     fig.update_xaxes(type="log", tickvals=depths, ticktext=[f"{d / 1024:g}k" for d in depths])
     fig.update_yaxes(type="log")
     label = {"kld": "KLD from native (nats/token)", "delta_nll_pct": "ΔNLL %", "top1_pct": "top-1 agreement %"}
-    return themed(fig, f"{label.get(metric, metric)} of the 256 tokens after a compressed context",
+    named = f", {model}" if model else ""
+    return themed(fig, f"{label.get(metric, metric)} of the 256 tokens after a compressed context{named}",
                   "context compressed (tokens)", label.get(metric, metric))

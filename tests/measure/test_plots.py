@@ -191,5 +191,6 @@ def test_the_long_context_figures_draw_every_tier_measured():
     assert by_name == {"native": (1.0, 100.0), "turbo-4": (0.297, 90.0), "snapkv-50": (0.5, 0.0)}
     depth_rows = [{"tier": tier, "prefix_tokens": depth, "kld": kld, "kld_se": 0.001}
                   for tier, kld in (("native", 0.0), ("turbo-4", 0.005)) for depth in (1024, 4096)]
-    depth = depth_figure(depth_rows)
+    depth = depth_figure(depth_rows, model="smollm2-135m")
     assert [trace.name for trace in depth.data] == ["turbo-4"] and list(depth.data[0].x) == [1024, 4096]
+    assert depth.layout.title.text.endswith("after a compressed context, smollm2-135m")
