@@ -93,8 +93,13 @@ def budget_shares(calibration: Calibration, layers=None) -> dict[int, float]:
     return {i: b / e / mean for i, b, e in zip(layers, bits, elements)}
 
 
+def _safe(model: str) -> str:
+    """A model name as a file name: letters, digits, '-' and '.' kept, anything else '_'."""
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in model)
+
+
 def _file(model: str, kind: str, key: dict) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-." else "_" for c in model)
+    safe = _safe(model)
     digest = hashlib.sha256(json.dumps({**key, "model": model, "version": VERSION}, sort_keys=True).encode())
     return calibration_dir() / f"{safe}{kind}-{digest.hexdigest()[:16]}.pt"
 
@@ -248,8 +253,7 @@ def _other_processes_done(model: str, progress: Progress | None) -> Iterator[Non
     if fcntl is None:
         yield
         return
-    safe = "".join(c if c.isalnum() or c in "-." else "_" for c in model)
-    path = calibration_dir() / f"{safe}.lock"
+    path = calibration_dir() / f"{_safe(model)}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         while True:
