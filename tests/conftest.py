@@ -86,7 +86,6 @@ def fresh_env(tmp_path_factory):
     return make
 
 
-
 # The longest files first (docs/testing.md, "How long it takes"): make test's two workers each take a file at a time
 # in this order, so neither is left running a long one alone at the end. Within a file the order stays as written.
 LONGEST_FIRST = ("tests/app/test_first_use.py", "tests/measure/test_chat.py", "tests/app/test_browser.py",
