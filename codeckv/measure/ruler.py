@@ -8,12 +8,13 @@ For each (length, task) the samples are generated (measure/long_tasks/: determin
 every tier) and, per sample, the context is prefilled natively once (measure/shared_prefill.py). Each tier's cache
 is then built from that prefill, as if the context had been prefilled through it in one forward: a codec encodes
 the native keys and values, a press scores them with the queries the prefill captured and keeps its share (the
-"once" protocol, kvpress's). The question and the answer prefix follow unpressed; the answer is decoded greedily up
-to the task's budget or an end-of-turn token and scored as RULER scores it. So a tier pays only for its conversion,
-the question and its answer (decoding stops once every expected string has appeared: the score could not change
-after it), and `seconds` says so: the tier's own work, summed over the samples (a tier's calibration, computed once
-per model, is done before any sample and counted in none); native's row adds the shared prefill, and
-`prefill_share` is a tier's own seconds over the prefill's.
+"once" protocol, kvpress's). The question and the answer prefix follow unpressed, tier by tier; then every tier's
+answer is decoded greedily at once, one batch row per tier (a CPU decode step is bound by reading the weights), up
+to the task's budget or an end-of-turn token, and scored as RULER scores it. So a tier pays only for its
+conversion, the question and its answer (decoding stops once every expected string has appeared: the score could
+not change after it), and `seconds` says so: the tier's own work plus an even share of each decode step it was in,
+summed over the samples (a tier's calibration, computed once per model, is done before any sample and counted in
+none); native's row adds the shared prefill, and `prefill_share` is a tier's own seconds over the prefill's.
 
 press_mode "chunked" measures the memory-bounded streaming mode instead: a press's cache prefills the context itself
 in PREFILL_CHUNK-token chunks, each pressed as it arrives (its own prefill is then in its seconds), as does a token
@@ -35,7 +36,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from codeckv.cache import footprint, held_bytes, make_cache
+from codeckv.cache.attention import use_codec_attention
 from codeckv.cache.calibration import calibration_for
+from codeckv.cache.stacked import StackedCache
 from codeckv.loaded import LoadedModel
 from codeckv.measure.generate import next_logits, stop_token_ids
 from codeckv.measure.llamacpp import LLAMACPP_REFERENCE, KVGeometry, LlamaCppPeer, open_engine, rule_bytes_per_token
@@ -98,18 +101,51 @@ def _press_mode(tier, press_mode: str) -> str:
     return "budget" if isinstance(tier.press, Budget) else press_mode
 
 
+@dataclass
+class _Answer:
+    """A tier's answer under way: its cache (context and question fed), the tokens so far, its share of the steps."""
+
+    name: str
+    cache: object
+    tokens: list[int]
+    seconds: float = 0.0
+
+
 @torch.inference_mode()
-def _answer(loaded: LoadedModel, cache, question: torch.Tensor, budget: int, stop_ids, outputs) -> str:
-    """Feed the question after the context a cache holds, then decode greedily up to `budget` tokens, an end of turn,
-    or the point where every expected string has appeared: RULER's score only counts strings found, so the tokens
-    after that could not change it (a wrong answer runs to the budget)."""
-    tokens = [int(next_logits(loaded.model, question, cache)[0].argmax())]
-    while tokens[-1] not in stop_ids and len(tokens) < budget:
-        if len(tokens) % FOUND_CHECK_EVERY == 0 and string_match_all(_text(loaded, tokens), outputs) == 100.0:
-            break
-        logits = next_logits(loaded.model, torch.tensor([[tokens[-1]]], device=question.device), cache)
-        tokens.append(int(logits[0].argmax()))
-    return _text(loaded, tokens)
+def _first_token(loaded: LoadedModel, cache, question: torch.Tensor) -> int:
+    """Feed the question after the context a cache holds; the answer's first token (greedy)."""
+    return int(next_logits(loaded.model, question, cache)[0].argmax())
+
+
+def _finished(loaded: LoadedModel, tokens: list[int], budget: int, stop_ids, outputs) -> bool:
+    """At the budget, an end of turn, or (looked at every FOUND_CHECK_EVERY tokens) every expected string found:
+    RULER's score only counts strings found, so the tokens after that could not change it (a wrong answer runs to
+    the budget)."""
+    if tokens[-1] in stop_ids or len(tokens) >= budget:
+        return True
+    return len(tokens) % FOUND_CHECK_EVERY == 0 and string_match_all(_text(loaded, tokens), outputs) == 100.0
+
+
+@torch.inference_mode()
+def _decode_together(loaded: LoadedModel, answers: list[_Answer], budget: int, stop_ids, outputs) -> None:
+    """Decode every answer greedily to its end (`_finished`), one batch row per tier (cache/stacked.py): a CPU decode
+    step is bound by reading the weights, so one step of N tiers costs little more than one tier's. Each step's time
+    is shared evenly by the tiers in it; a tier leaves the batch when it finishes. Every tier has seen as many tokens
+    as the others at each step, so positions agree (a press's evicted tokens still count, layers.get_seq_length), and
+    a one-token query needs no mask: each member attends to all it holds."""
+    use_codec_attention(loaded.model)
+    device = loaded.model.device
+    going = [a for a in answers if not _finished(loaded, a.tokens, budget, stop_ids, outputs)]
+    while going:
+        start = time.perf_counter()
+        ids = torch.tensor([[a.tokens[-1]] for a in going], device=device)
+        logits = next_logits(loaded.model, ids, StackedCache([a.cache for a in going], rows=1))
+        for answer, token in zip(going, logits.argmax(-1).tolist()):
+            answer.tokens.append(int(token))
+        share = (time.perf_counter() - start) / len(going)
+        for answer in going:
+            answer.seconds += share
+        going = [a for a in going if not _finished(loaded, a.tokens, budget, stop_ids, outputs)]
 
 
 def _text(loaded: LoadedModel, tokens: list[int]) -> str:
@@ -176,6 +212,11 @@ def ruler_grid(
     cells = [(length, task) for length in lengths for task in tasks
              if any((task, length, t.name) not in skip for t in tiers)]
     total, done, rows = len(cells) * samples, 0, []
+
+    def say(done: int, message: str) -> None:  # also where a stop or the app's deadline interrupts
+        if progress:
+            progress(done, total, message)
+
     geometry = KVGeometry(len(loaded.info.layer_types), loaded.info.num_kv_heads, loaded.info.head_dim)
     with ExitStack() as engines:
         opened = {t.name: engines.enter_context(open_engine(t, loaded.info.name, n_ctx=max(lengths)))
@@ -192,29 +233,36 @@ def ruler_grid(
                 context = sample.context_ids.to(loaded.model.device)
                 question = sample.question_ids.to(loaded.model.device)
                 prompt_tokens.append(sample.prompt_tokens)
+                where = f"{task} at {length} tokens, sample {index + 1}/{samples}"
+                say(done, f"{where}: prefilling {context.shape[1]:,} tokens" if shared else where)
                 start = time.perf_counter()
                 prefill = shared_prefill(loaded, context, capture_queries=presses) if shared else None
                 prefill_seconds += time.perf_counter() - start
+                answers = []
                 for tier in todo:
+                    say(done, f"{where}: {tier.name}")
                     entry, start = tally[tier.name], time.perf_counter()
                     if isinstance(tier, LlamaCppPeer):
                         ids = torch.cat([sample.context_ids, sample.question_ids], dim=1)[0].tolist()
                         answer = opened[tier.name].greedy(ids, sample.answer_tokens).text
+                        entry.scores.append(string_match_all(answer, sample.outputs))
                         stored, held = (rule_bytes_per_token(tier, geometry)
                                         / rule_bytes_per_token(LLAMACPP_REFERENCE, geometry)), 0
                     else:
                         cache, stored = _tier_cache(loaded, tier, prefill, context, press_mode)
                         held = held_bytes(cache) if not isinstance(tier, Peer) else peer_footprint(cache).resident_bytes
-                        answer = _answer(loaded, cache, question, sample.answer_tokens, stop_ids, sample.outputs)
-                        del cache
+                        answers.append(_Answer(tier.name, cache, [_first_token(loaded, cache, question)]))
                     entry.seconds += time.perf_counter() - start
-                    entry.scores.append(string_match_all(answer, sample.outputs))
                     entry.stored += stored / samples
                     entry.held += held // samples
-                del prefill
+                say(done, f"{where}: {len(answers)} answers decoding together")
+                _decode_together(loaded, answers, sample.answer_tokens, stop_ids, sample.outputs)
+                for answer in answers:
+                    tally[answer.name].seconds += answer.seconds
+                    tally[answer.name].scores.append(string_match_all(_text(loaded, answer.tokens), sample.outputs))
+                del answers, prefill
                 done += 1
-                if progress:
-                    progress(done, total, f"{task} at {length} tokens, sample {index + 1}/{samples}")
+                say(done, where)
             cell = []
             for tier in todo:
                 entry = tally[tier.name]

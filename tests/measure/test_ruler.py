@@ -3,8 +3,13 @@
 import math
 
 import pytest
+import torch
 
-from codeckv.measure.ruler import row_key, ruler_grid
+from codeckv.cache.stacked import StackedCache
+from codeckv.measure.generate import next_logits
+from codeckv.measure.long_tasks import long_sample
+from codeckv.measure.ruler import _Answer, _decode_together, _first_token, row_key, ruler_grid
+from codeckv.measure.shared_prefill import shared_prefill
 from codeckv.tiers import get_tier
 
 
@@ -59,3 +64,38 @@ def test_rows_already_measured_are_skipped(loaded, grid):
 def test_a_grid_out_of_bounds_is_refused_before_any_prefill(loaded, kwargs, message):
     with pytest.raises(ValueError, match=message):
         ruler_grid(loaded, [get_tier("turbo-4")], **{"tasks": ["niah_single_1"], "lengths": [512], **kwargs})
+
+
+def _started(loaded, sample):
+    """turbo-4, snapkv-50 (half the context evicted) and native holding one sample's context and question, with the
+    first token of each one's answer."""
+    prefill = shared_prefill(loaded, sample.context_ids)
+    caches = [prefill.cache_for(get_tier(name)) for name in ("turbo-4", "snapkv-50")] + [prefill.native]
+    return caches, [_first_token(loaded, cache, sample.question_ids) for cache in caches]
+
+
+def test_tiers_decoding_together_get_the_log_probs_each_gets_alone(loaded):
+    """One batch row per tier: each attends to its own cache (a press's holds half the tokens, at the same
+    positions), so only the matrix products' rounding at another batch size may differ."""
+    sample = long_sample("niah_single_1", loaded.tokenizer, 512)
+    together, firsts = _started(loaded, sample)
+    alone, firsts_alone = _started(loaded, sample)
+    assert firsts == firsts_alone
+    ids = torch.tensor([[token] for token in firsts])
+    stacked = next_logits(loaded.model, ids, StackedCache(together, rows=1)).log_softmax(-1)
+    for index, cache in enumerate(alone):
+        own = next_logits(loaded.model, ids[index : index + 1], cache).log_softmax(-1)[0]
+        assert torch.allclose(stacked[index], own, atol=1e-3, rtol=1e-4), index
+        assert stacked[index].argmax() == own.argmax()
+
+
+def test_a_tier_leaves_the_batch_when_its_answer_ends(loaded):
+    sample = long_sample("niah_single_1", loaded.tokenizer, 512)
+    caches, firsts = _started(loaded, sample)
+    budget = 6
+    answers = [_Answer(str(index), cache, [token]) for index, (cache, token) in enumerate(zip(caches, firsts))]
+    answers[0].tokens = [firsts[0]] * budget  # already at its budget: never in a step
+    _decode_together(loaded, answers, budget, stop_ids=frozenset(), outputs=["a string no answer holds"])
+    assert answers[0].tokens == [firsts[0]] * budget and answers[0].seconds == 0.0
+    for answer in answers[1:]:
+        assert len(answer.tokens) == budget and answer.seconds > 0.0
