@@ -255,12 +255,13 @@ def ruler_grid(
                     entry.seconds += time.perf_counter() - start
                     entry.stored += stored / samples
                     entry.held += held // samples
+                del prefill  # its captured queries (the presses are built): the answers hold every cache they need
                 say(done, f"{where}: {len(answers)} answers decoding together")
                 _decode_together(loaded, answers, sample.answer_tokens, stop_ids, sample.outputs)
                 for answer in answers:
                     tally[answer.name].seconds += answer.seconds
                     tally[answer.name].scores.append(string_match_all(_text(loaded, answer.tokens), sample.outputs))
-                del answers, prefill
+                del answers
                 done += 1
                 say(done, where)
             cell = []
