@@ -96,8 +96,9 @@ def run(args: argparse.Namespace) -> None:
         return
     points = [numbers(row) for row in _read(out)]  # the whole CSV, kept rows too
     lengths = sorted({int(row["length"]) for row in points})
-    paths = write_figures(lambda figures: {"ruler_scores": figures.ruler_heatmap_figure(points),
-                                           **{f"ruler_bytes_{n}": figures.ruler_bytes_figure(points, n)
+    model = loaded.info.name
+    paths = write_figures(lambda figures: {"ruler_scores": figures.ruler_heatmap_figure(points, model),
+                                           **{f"ruler_bytes_{n}": figures.ruler_bytes_figure(points, n, model)
                                               for n in lengths}},
                           Path(args.charts or f"out/ruler-{file_stem(loaded.info.name)}"))
     print(f"wrote {out}, " + ", ".join(str(p) for p in paths))

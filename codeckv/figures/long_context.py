@@ -27,8 +27,9 @@ def _tiers(rows: list[dict]) -> list[str]:
     return sorted(names, key=lambda name: name != "native")
 
 
-def ruler_heatmap_figure(rows: Sequence) -> go.Figure:
-    """RULER's score (0-100) per tier and length, one panel per task (measure/ruler.py rows)."""
+def ruler_heatmap_figure(rows: Sequence, model: str | None = None) -> go.Figure:
+    """RULER's score (0-100) per tier and length, one panel per task (measure/ruler.py rows); the title names `model`
+    when given."""
     rows = _dicts(rows)
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     tiers, lengths = _tiers(rows), sorted({int(r["length"]) for r in rows})
@@ -47,7 +48,7 @@ def ruler_heatmap_figure(rows: Sequence) -> go.Figure:
         ), row=index // columns + 1, col=index % columns + 1)
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category", autorange="reversed")
-    themed(fig, "RULER score per task and length (0-100)")
+    themed(fig, "RULER score per task and length (0-100)" + (f", {model}" if model else ""))
     longest = max(len(t) for t in tiers)  # the tier names label the rows: room for the longest (font 16: ~9 px a char)
     fig.update_layout(height=max(420, 60 + 24 * len(tiers) * -(-len(tasks) // columns)),
                       margin=dict(l=40 + 9 * longest))
@@ -67,9 +68,10 @@ def ruler_average(rows: Sequence, length: int) -> dict[str, tuple[float, float, 
             for tier, found in by_tier.items() if tasks and tasks <= set(found)}
 
 
-def ruler_bytes_figure(rows: Sequence, length: int) -> go.Figure:
+def ruler_bytes_figure(rows: Sequence, length: int, model: str | None = None) -> go.Figure:
     """The RULER average at `length` against what each tier stores per token seen vs bf16: one trace per family (the
-    Pareto chart's markers), each point labelled where its label finds room (figures/labels.py)."""
+    Pareto chart's markers), each point labelled where its label finds room (figures/labels.py); the title names
+    `model` when given."""
     averages = ruler_average(rows, length)
     names = list(averages)
     xs, ys = [averages[t][1] for t in names], [averages[t][0] for t in names]
@@ -99,7 +101,8 @@ def ruler_bytes_figure(rows: Sequence, length: int) -> go.Figure:
                       height=PLOT_AREA_PX[1] + top + 70, margin=dict(t=top, b=70),
                       title=dict(y=1, yref="container", yanchor="top", pad=dict(t=30)))
     tasks = max((n for _, _, n in averages.values()), default=0)
-    return themed(fig, f"RULER average at {length:,} tokens ({tasks} task{'s' * (tasks != 1)}) vs bytes",
+    named = f", {model}" if model else ""
+    return themed(fig, f"RULER average at {length:,} tokens ({tasks} task{'s' * (tasks != 1)}) vs bytes{named}",
                   "bytes stored per token seen / bf16 (×)", "RULER average (0-100)")
 
 

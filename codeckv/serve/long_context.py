@@ -2,7 +2,7 @@
 
     tasks, lengths, samples = ruler_cells(["niah_single_1"], ["4096"], 2)      # refused before a model is touched
     rows = ruler_request(loaded, ["niah_single_1"], ["4096"], 2, ["turbo-4", "snapkv-50"], progress=cb)
-    heatmap, bytes_chart, table, csv_path = ruler_views(rows, folder)
+    heatmap, bytes_chart, table, csv_path = ruler_views(rows, folder, loaded.info.name)
 
 A grid costs a native prefill per sample, task and length (measure/ruler.py): the budget bounds the prompt tokens
 of all of them together (Limits.max_ruler_tokens: 4k x 2 samples x 4 tasks by default, what a 2-vCPU Space runs in
@@ -61,9 +61,9 @@ def ruler_request(loaded: LoadedModel, tasks, lengths, samples, tiers, progress:
     return as_dicts(ruler_grid(loaded, tiers, tasks, lengths, samples, press_mode=press_mode, progress=report))
 
 
-def ruler_views(rows: list[dict], folder: Path) -> tuple[go.Figure, go.Figure, dict, str]:
-    """The tab's outputs: the score heatmap per task, the average against bytes at the longest length, the table,
-    and the path of the grid's CSV in `folder`."""
+def ruler_views(rows: list[dict], folder: Path, model: str) -> tuple[go.Figure, go.Figure, dict, str]:
+    """The tab's outputs: the score heatmap per task, the average against bytes at the longest length (both titled
+    with `model`), the table, and the path of the grid's CSV in `folder`."""
     path = write_csv(rows, folder / "ruler.csv")
     longest = max(int(r["length"]) for r in rows)
     headers = ["task", "tests", "length", "tier", "samples", "score", "± se", "stores vs bf16", "press protocol",
@@ -71,4 +71,5 @@ def ruler_views(rows: list[dict], folder: Path) -> tuple[go.Figure, go.Figure, d
     data = [[r["task"], task_line(r["task"]), r["length"], r["tier"], r["samples"], round(r["score"], 1),
              round(r["score_se"], 1) if r["score_se"] == r["score_se"] else "", f"{100 * r['stored_vs_bf16']:.1f}%",
              r["press_mode"], round(r["seconds"], 1)] for r in rows]
-    return ruler_heatmap_figure(rows), ruler_bytes_figure(rows, longest), {"headers": headers, "data": data}, str(path)
+    table = {"headers": headers, "data": data}
+    return ruler_heatmap_figure(rows, model), ruler_bytes_figure(rows, longest, model), table, str(path)

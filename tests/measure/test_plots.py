@@ -183,10 +183,12 @@ def test_the_long_context_figures_draw_every_tier_measured():
     rows = [{"task": task, "length": length, "tier": tier, "score": score, "stored_vs_bf16": stored}
             for task in ("niah_single_1", "vt") for length in (2048, 4096)
             for tier, score, stored in (("native", 100.0, 1.0), ("turbo-4", 90.0, 0.297), ("snapkv-50", 0.0, 0.5))]
-    heatmap = ruler_heatmap_figure(rows)
+    heatmap = ruler_heatmap_figure(rows, "smollm2-135m")
+    assert heatmap.layout.title.text.endswith(", smollm2-135m")
     assert len(heatmap.data) == 2 and list(heatmap.data[0].y) == ["native", "turbo-4", "snapkv-50"]
     assert list(heatmap.data[0].z[1]) == [90.0, 90.0]
-    chart = ruler_bytes_figure(rows, 4096)
+    chart = ruler_bytes_figure(rows, 4096, "smollm2-135m")
+    assert chart.layout.title.text.endswith("vs bytes, smollm2-135m")
     by_name = {name: (x, y) for trace in chart.data for name, x, y in zip(trace.text, trace.x, trace.y)}
     assert by_name == {"native": (1.0, 100.0), "turbo-4": (0.297, 90.0), "snapkv-50": (0.5, 0.0)}
     depth_rows = [{"tier": tier, "prefix_tokens": depth, "kld": kld, "kld_se": 0.001}
