@@ -214,7 +214,7 @@ def _llamacpp_rows(loaded: LoadedModel, peer: LlamaCppPeer, lengths: list[int], 
     rows = []
     geometry = KVGeometry(len(loaded.info.layer_types), loaded.info.num_kv_heads, loaded.info.head_dim)
     ratio = rule_bytes_per_token(peer, geometry) / rule_bytes_per_token(LLAMACPP_REFERENCE, geometry)
-    with open_engine(peer, loaded.info.name, n_ctx=longest) as engine:
+    with open_engine(peer, loaded.info.name, n_ctx=longest, n_threads=torch.get_num_threads()) as engine:
         for length in lengths:
             for depth in depths:
                 key = needle_key(length, depth)

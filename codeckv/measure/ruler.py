@@ -218,8 +218,9 @@ def ruler_grid(
             progress(done, total, message)
 
     geometry = KVGeometry(len(loaded.info.layer_types), loaded.info.num_kv_heads, loaded.info.head_dim)
-    with ExitStack() as engines:
-        opened = {t.name: engines.enter_context(open_engine(t, loaded.info.name, n_ctx=max(lengths)))
+    with ExitStack() as engines:  # llama.cpp on as many threads as torch (--threads), so their seconds compare
+        opened = {t.name: engines.enter_context(open_engine(t, loaded.info.name, n_ctx=max(lengths),
+                                                            n_threads=torch.get_num_threads()))
                   for t in tiers if isinstance(t, LlamaCppPeer)}
         for length, task in cells:
             todo = [t for t in tiers if (task, length, t.name) not in skip]
