@@ -99,3 +99,15 @@ def test_a_tier_leaves_the_batch_when_its_answer_ends(loaded):
     assert answers[0].tokens == [firsts[0]] * budget and answers[0].seconds == 0.0
     for answer in answers[1:]:
         assert len(answer.tokens) == budget and answer.seconds > 0.0
+
+
+def test_progress_names_each_stage_of_a_sample(loaded):
+    """A long sample says where it is (the prefill, each tier, the answers decoding), and each report is a place a
+    stop or the app's deadline can interrupt."""
+    seen = []
+    ruler_grid(loaded, [get_tier("turbo-4")], ["niah_single_1"], [512], samples=1,
+               progress=lambda done, total, message: seen.append((done, total, message)))
+    messages = [message for _, _, message in seen]
+    assert any("prefilling" in m for m in messages) and any(m.endswith(": turbo-4") for m in messages)
+    assert any(m.endswith(": 2 answers decoding together") for m in messages)
+    assert seen[-1][:2] == (1, 1) and all(done == 0 for done, _, _ in seen[:-1])
