@@ -184,8 +184,7 @@ def run_ruler(tasks, lengths, samples, tiers, model_name, press_mode="once", sto
     with leased(model_name) as loaded:
         rows = ruler_request(loaded, tasks, lengths, samples, tiers, bar_progress(progress), stop=fresh_stop(stop),
                              press_mode=press_mode)
-        model = loaded.info.name
-    return ruler_views(rows, REPORTS.fresh(), model)
+        return ruler_views(rows, REPORTS.fresh(), loaded.info.name)
 
 
 @gpu(duration=LONG_GPU_SECONDS)

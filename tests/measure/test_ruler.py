@@ -86,7 +86,9 @@ def test_tiers_decoding_together_get_the_log_probs_each_gets_alone(loaded):
     for index, cache in enumerate(alone):
         own = next_logits(loaded.model, ids[index : index + 1], cache).log_softmax(-1)[0]
         assert torch.allclose(stacked[index], own, atol=1e-3, rtol=1e-4), index
-        assert stacked[index].argmax() == own.argmax()
+        top2 = own.topk(2).values
+        if top2[0] - top2[1] > 1e-3:  # the greedy token agrees unless the two best are within the rounding
+            assert stacked[index].argmax() == own.argmax()
 
 
 def test_a_tier_leaves_the_batch_when_its_answer_ends(loaded):
