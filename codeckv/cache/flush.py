@@ -60,19 +60,28 @@ def flush_layers(layers: list) -> None:
 
 
 def _flush_pca(layers: list) -> None:
-    """Archive what each PCA layer can, in passes of about PCA_BATCH_SYMBOLS codes (codecs/pca.py archive_layers:
-    one entropy-coding pass over many layers' streams; each layer stores what its own flush would)."""
+    """Archive what each PCA layer can, in passes of at most PCA_BATCH_SYMBOLS codes (codecs/pca.py archive_layers:
+    one entropy-coding pass over many layers' streams; each layer stores what its own flush would). A pass takes
+    the layers that fit whole: one layer over the limit would cost the coder a pass of its own for its few streams
+    (a numpy pass costs its streams' length in steps, however few they are)."""
     batch, size = [], 0
+
+    def archive() -> None:
+        for (member, _), result in zip(batch, archive_layers([request for _, request in batch])):
+            member._flushed(*result)
+
     for layer in layers:
         request = layer._flush_request()
-        if request is not None:
-            keys, coder = request[1], request[0]
-            batch.append((layer, request))
-            size += keys.shape[0] * keys.shape[2] * coder.kept
-        if batch and (size >= PCA_BATCH_SYMBOLS or layer is layers[-1]):
-            for (member, _), result in zip(batch, archive_layers([request for _, request in batch])):
-                member._flushed(*result)
+        if request is None:
+            continue
+        symbols = request[1].shape[0] * request[1].shape[2] * request[0].kept
+        if batch and size + symbols > PCA_BATCH_SYMBOLS:
+            archive()
             batch, size = [], 0
+        batch.append((layer, request))
+        size += symbols
+    if batch:
+        archive()
 
 
 def _flush_batch(layers: list, count: int, limit: int) -> None:

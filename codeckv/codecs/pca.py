@@ -142,7 +142,7 @@ class LayerCoder:
     rope: Rope
     sink_tokens: int = 1
     component_bits: torch.Tensor | None = None  # (r,) mean bits per token of each component on calibration
-    _costs: torch.Tensor | None = field(default=None, repr=False, compare=False)  # table.cost_bits(), flat
+    _costs: torch.Tensor | None = field(default=None, repr=False, compare=False)  # table.code_bits(), flat, float64
 
     @property
     def kept(self) -> int:
@@ -207,7 +207,7 @@ class LayerCoder:
         """(B, S', r) components, chunk row bounds (chunks + 1,), one rung per chunk (chunks,) -> (chunks,) int64
         upper bounds of each chunk's stream bytes at its rung (the coder's fixed-point code lengths, codecs/ans.py)."""
         if self._costs is None:
-            self._costs = self.table.code_bits(COST_LIMIT).reshape(-1)
+            self._costs = self.table.code_bits(COST_LIMIT).reshape(-1).double()  # summed in float64 below
         width = 2 * COST_LIMIT + 3
         if bool((rungs == rungs[0]).all()):  # one rung for all: a scalar step, one place per column
             shifts, steps = torch.tensor(LADDER[int(rungs[0])]), self.steps[rungs[0]]
@@ -218,9 +218,10 @@ class LayerCoder:
             steps = self.steps[rungs].repeat_interleave(counts)
             place = (self.table.classes[None, :] - shifts[:, None]) * width + COST_LIMIT + 1  # (S', r)
             steps = steps[None, :, None]
-        # ecsq_rows's codes (steps are finite here), clamped and placed in float: one pass fewer per op
-        where = (y / steps).round_().clamp_(-COST_LIMIT - 1, COST_LIMIT + 1).add_(place.float()).long()
-        per_row = self._costs.take(where).sum((0, 2), dtype=torch.float64)  # (S',)
+        # ecsq_rows's codes (steps are finite here), clamped and placed in float: one pass fewer per op; an int32
+        # index and index_select read half the bytes take's int64 index does (twice as fast here)
+        where = (y / steps).round_().clamp_(-COST_LIMIT - 1, COST_LIMIT + 1).add_(place.float()).int()
+        per_row = self._costs.index_select(0, where.view(-1)).view(where.shape).sum((0, 2))  # (S',)
         total = torch.cat([torch.zeros(1, dtype=torch.float64), per_row.cumsum(0)])
         edges = torch.tensor(bounds)
         return ((total[edges[1:]] - total[edges[:-1]]) / 8).ceil().long() + STREAM_SLACK_BYTES
