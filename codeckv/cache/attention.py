@@ -24,6 +24,7 @@ press tier (codeckv/measure/shared_prefill.py).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -35,7 +36,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from codeckv.cache.coded_layer import TAG
 from codeckv.cache.pressed_layer import PRESS_TAG
 from codeckv.cache.rope import remember_rotary, rope_at
-from codeckv.cache.stacked import STACK_TAG
+from codeckv.cache.stacked import CLOCK_TAG, STACK_TAG
 
 ATTENTION = "codeckv"  # the attn_implementation name
 _capture = threading.local()  # .queries: {layer index: queries} while a thread captures them (captured_queries)
@@ -68,7 +69,8 @@ def codec_attention(
         recording[getattr(module, "layer_idx", None)] = query
     members = getattr(key, STACK_TAG, None)
     if members is not None:
-        return _stacked_attention(module, query, members, attention_mask, dropout, scaling, **kwargs)
+        return _stacked_attention(module, query, members, getattr(key, CLOCK_TAG), attention_mask, dropout, scaling,
+                                  **kwargs)
     layer = getattr(key, TAG, None)
     if layer is None:
         if key.is_meta:  # a CodedLayer's shapes that the model transformed before attention (e.g. MLA's expansion)
@@ -93,16 +95,20 @@ def codec_attention(
     return out, None
 
 
-def _stacked_attention(module, query, members, attention_mask, dropout, scaling, **kwargs) -> tuple[torch.Tensor, None]:
-    """A StackedLayer's step: each member's rows of `query` attend to that member's (keys, values) alone."""
+def _stacked_attention(module, query, members, member_seconds: list[float], attention_mask, dropout, scaling,
+                       **kwargs) -> tuple[torch.Tensor, None]:
+    """A StackedLayer's step: each member's rows of `query` attend to that member's (keys, values) alone, the time
+    each takes added to its member_seconds (cache/stacked.py)."""
     rows = query.shape[0] // len(members)
     outputs = []
     for index, (keys, values) in enumerate(members):
+        start = time.perf_counter()
         part = slice(index * rows, (index + 1) * rows)
         mask = attention_mask
         if mask is not None and mask.shape[0] > 1:
             mask = mask[part]
         outputs.append(codec_attention(module, query[part], keys, values, mask, dropout, scaling, **kwargs)[0])
+        member_seconds[index] += time.perf_counter() - start
     return torch.cat(outputs), None
 
 

@@ -17,23 +17,30 @@ batch). The matrix products of the rest of the model round each row the same way
 place, so two members holding identical tokens (native and a lossless tier) give bitwise identical
 log-probs. Members hold the same tokens (they are fed the same ids) and keep their own layer
 types: a CodecLayer, a CodedLayer, a DynamicLayer, a sliding-window layer.
+
+`member_seconds` adds up, per member, the time of its own cache work: its updates and its attention (which
+archives what its new tokens completed). The rest of a forward (the weights' products) serves every member.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 STACK_TAG = "codeckv_stack"  # attribute of the meta keys a StackedLayer returns: [(keys, values) per member]
+CLOCK_TAG = "codeckv_stack_clock"  # and the stack's member_seconds, which its attention adds each member's time to
 
 
 class StackedLayer(CacheLayerMixin):
     """One model layer of a StackedCache: the same layer of every member cache."""
 
-    def __init__(self, members: list[CacheLayerMixin], rows: int) -> None:
+    def __init__(self, members: list[CacheLayerMixin], rows: int, member_seconds: list[float]) -> None:
         super().__init__()
         self.members = members
         self.rows = rows
+        self.member_seconds = member_seconds  # the stack's: shared by its layers
         self.is_sliding = getattr(members[0], "is_sliding", False)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -45,15 +52,18 @@ class StackedLayer(CacheLayerMixin):
             raise ValueError(f"a stack of {len(self.members)} caches x {self.rows} rows takes a batch of "
                              f"{self.rows * len(self.members)} rows, got {key_states.shape[0]}")
         self.is_initialized = True
-        outputs = [
-            member.update(k, v, *args, **kwargs)
-            for member, k, v in zip(self.members, key_states.split(self.rows), value_states.split(self.rows))
-        ]
+        outputs = []
+        for index, (member, k, v) in enumerate(zip(self.members, key_states.split(self.rows),
+                                                   value_states.split(self.rows))):
+            start = time.perf_counter()
+            outputs.append(member.update(k, v, *args, **kwargs))
+            self.member_seconds[index] += time.perf_counter() - start
         b, h, _, d = key_states.shape
         length = outputs[0][0].shape[2]
         keys = torch.empty((b, h, length, d), dtype=key_states.dtype, device="meta")
         values = torch.empty((b, h, length, value_states.shape[3]), dtype=value_states.dtype, device="meta")
         setattr(keys, STACK_TAG, outputs)
+        setattr(keys, CLOCK_TAG, self.member_seconds)
         return keys, values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -81,4 +91,6 @@ class StackedCache(Cache):
         if len(depths) != 1 or 0 in depths:
             raise ValueError(f"the caches must have the same, known number of layers (build them from the model's "
                              f"config), got {sorted(depths)}")
-        super().__init__(layers=[StackedLayer(list(members), rows) for members in zip(*(c.layers for c in caches))])
+        self.member_seconds = [0.0] * len(caches)  # per member: its own cache work so far (module docstring)
+        super().__init__(layers=[StackedLayer(list(members), rows, self.member_seconds)
+                                 for members in zip(*(c.layers for c in caches))])

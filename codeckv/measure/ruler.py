@@ -12,9 +12,10 @@ the native keys and values, a press scores them with the queries the prefill cap
 answer is decoded greedily at once, one batch row per tier (a CPU decode step is bound by reading the weights), up
 to the task's budget or an end-of-turn token, and scored as RULER scores it. So a tier pays only for its
 conversion, the question and its answer (decoding stops once every expected string has appeared: the score could
-not change after it), and `seconds` says so: the tier's own work plus an even share of each decode step it was in,
-summed over the samples (a tier's calibration, computed once per model, is done before any sample and counted in
-none); native's row adds the shared prefill, and `prefill_share` is a tier's own seconds over the prefill's.
+not change after it), and `seconds` says so: the tier's own work (in each decode step, its own cache work and an
+even share of the rest of the step: the weights' products serve every row), summed over the samples (a tier's
+calibration, computed once per model, is done before any sample and counted in none); native's row adds the
+shared prefill, and `prefill_share` is a tier's own seconds over the prefill's.
 
 press_mode "chunked" measures the memory-bounded streaming mode instead: a press's cache prefills the context itself
 in PREFILL_CHUNK-token chunks, each pressed as it arrives (its own prefill is then in its seconds), as does a token
@@ -129,22 +130,26 @@ def _finished(loaded: LoadedModel, tokens: list[int], budget: int, stop_ids, out
 @torch.inference_mode()
 def _decode_together(loaded: LoadedModel, answers: list[_Answer], budget: int, stop_ids, outputs) -> None:
     """Decode every answer greedily to its end (`_finished`), one batch row per tier (cache/stacked.py): a CPU decode
-    step is bound by reading the weights, so one step of N tiers costs little more than one tier's. Each step's time
-    is shared evenly by the tiers in it; a tier leaves the batch when it finishes. Every tier has seen as many tokens
-    as the others at each step, so positions agree (a press's evicted tokens still count, layers.get_seq_length), and
-    a one-token query needs no mask: each member attends to all it holds."""
+    step is bound by reading the weights, so one step of N tiers costs little more than one tier's. A tier is
+    charged, per step, its own cache work (its updates, its attention and what that archives: the stack's
+    member_seconds) and an even share of the rest of the step (the weights' products, which serve every row); a
+    tier leaves the batch when it finishes. Every tier has seen as many tokens as the others at each step, so
+    positions agree (a press's evicted tokens still count, layers.get_seq_length), and a one-token query needs no
+    mask: each member attends to all it holds."""
     use_codec_attention(loaded.model)
     device = loaded.model.device
     going = [a for a in answers if not _finished(loaded, a.tokens, budget, stop_ids, outputs)]
     while going:
         start = time.perf_counter()
         ids = torch.tensor([[a.tokens[-1]] for a in going], device=device)
-        logits = next_logits(loaded.model, ids, StackedCache([a.cache for a in going], rows=1))
+        stacked = StackedCache([a.cache for a in going], rows=1)
+        logits = next_logits(loaded.model, ids, stacked)
         for answer, token in zip(going, logits.argmax(-1).tolist()):
             answer.tokens.append(int(token))
-        share = (time.perf_counter() - start) / len(going)
-        for answer in going:
-            answer.seconds += share
+        own = stacked.member_seconds
+        share = max(time.perf_counter() - start - sum(own), 0.0) / len(going)
+        for answer, mine in zip(going, own):
+            answer.seconds += mine + share
         going = [a for a in going if not _finished(loaded, a.tokens, budget, stop_ids, outputs)]
 
 

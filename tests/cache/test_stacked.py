@@ -1,5 +1,7 @@
 """StackedCache: each member cache holds exactly what it would hold alone; bad stacks are refused clearly."""
 
+import time
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -45,3 +47,23 @@ def test_bad_stacks_are_refused(tiny_gemma3):
     stacked = StackedCache([make_cache(tiny_gemma3.config, "png")] * 2, rows=2)
     with pytest.raises(ValueError, match="takes a batch of 4 rows, got 3"):
         tiny_gemma3(input_ids=torch.zeros((3, 4), dtype=torch.long), cache=stacked, use_cache=True)
+
+
+@torch.inference_mode()
+def test_each_member_is_timed_for_its_own_cache_work(tiny_gemma3):
+    """A member whose updates take longer is charged that time, the others not: member_seconds holds each member's
+    updates and attention alone (what measure/ruler.py charges a tier beside its share of the step)."""
+    use_codec_attention(tiny_gemma3)
+    members = [make_cache(tiny_gemma3.config, "native"), make_cache(tiny_gemma3.config, "turbo-4")]
+    slow = members[1].layers[0]
+    plain_update = slow.update
+
+    def slow_update(*args, **kwargs):
+        time.sleep(0.2)
+        return plain_update(*args, **kwargs)
+
+    slow.update = slow_update
+    stacked = StackedCache(members, rows=1)
+    tiny_gemma3(input_ids=torch.zeros((2, 8), dtype=torch.long), cache=stacked, use_cache=True)
+    native_seconds, slow_seconds = stacked.member_seconds
+    assert slow_seconds >= 0.2 and 0.0 < native_seconds < slow_seconds - 0.15
