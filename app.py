@@ -15,7 +15,6 @@ from codeckv.cache.schedule import MAX_SCHEDULE_CHARS
 from codeckv.corpus import corpus_text
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.peers import PEER_NAMES, PEERS, absent_reason
-from codeckv.measure.table import write_csv
 from codeckv.models import DEFAULT_MODEL
 from codeckv.presses import PRESS_MODE_MEANING, PRESS_MODES
 from codeckv.serve.formatting import model_markdown
@@ -57,6 +56,7 @@ from codeckv.serve.service import (
     fresh_stop,
     inspect_request,
     memory_request,
+    memory_views,
     model_shape,
     needle_cells,
     needle_request,
@@ -192,9 +192,8 @@ def run_ruler(tasks, lengths, samples, tiers, model_name, press_mode="once", sto
 def run_memory(contexts, tiers, new_tokens, model_name, stop=None, progress=gr.Progress()):  # noqa: B008
     """Held, peak and at-rest bytes of native and every chosen tier over prompt lengths: charts, table, CSV."""
     with leased(model_name) as loaded:
-        table, figures, rows = memory_request(loaded, contexts, tiers, new_tokens, bar_progress(progress),
-                                              stop=fresh_stop(stop))
-    return figures["held"], figures["peak"], table, str(write_csv(rows, REPORTS.fresh() / "memory.csv"))
+        rows = memory_request(loaded, contexts, tiers, new_tokens, bar_progress(progress), stop=fresh_stop(stop))
+    return memory_views(rows, REPORTS.fresh())
 
 
 @guarded

@@ -5,7 +5,8 @@
     for native, codec, native_stats, codec_stats in chat_stream(loaded, session, user, shown, tier, 96, False, limits):
         ...
     figures, summary = inspect_request(loaded, text, tier, layer=3, head=1, which="K", limits=limits)
-    table, figures, rows = memory_request(loaded, ["1024", "4096"], ["turbo-4", "pca-8x"], 16, progress=cb)
+    rows = memory_request(loaded, ["1024", "4096"], ["turbo-4", "pca-8x"], 16, progress=cb)
+    held, peak, table, csv_path = memory_views(rows, folder)
     path = chat_download(loaded, session, folder); native, codec, notes = chat_resume(loaded, session, upload, limits)
 
 Every value is checked here or in codeckv/serve/inputs.py before it reaches a loader, a loop or an
@@ -179,8 +180,8 @@ def needle_request(loaded: LoadedModel, lengths, depths, tiers, progress: Progre
 
 
 def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: Progress | None = None,
-                   limits: Limits | None = None, stop: StopFlag | None = None) -> tuple[dict, dict, list]:
-    """Held, peak and at-rest bytes of native and every chosen tier over the chosen contexts: table, charts, rows."""
+                   limits: Limits | None = None, stop: StopFlag | None = None) -> list[dict]:
+    """Held, peak and at-rest bytes of native and every chosen tier over the chosen contexts: one row each."""
     limits = limits or Limits.from_env()
     if not isinstance(contexts, list | tuple) or not contexts:
         raise ValueError("choose at least one context length")
@@ -193,13 +194,18 @@ def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: P
                          f"than the {limits.max_memory_tokens:,} allowed per request here: choose fewer")
     report = until(limits.deadline(), progress, stop)
     prepared(loaded, tiers, report)
-    rows = beside_native(memory_rows(loaded, tiers, contexts, new_tokens, report))
+    return beside_native(memory_rows(loaded, tiers, contexts, new_tokens, report))
+
+
+def memory_views(rows: list[dict], folder: Path) -> tuple[go.Figure, go.Figure, dict, str]:
+    """The Memory tab's outputs: held and peak-held charts, the table, and the path of the rows' CSV in folder."""
     headers = ["prompt tokens", "tier", "attention", "held", "× native held", "peak held", "at rest", "archive"]
     data = [[r["context"], r["tier"], r["mode"], human_bytes(r["held_bytes"]), round(r["held_vs_native"], 3),
              human_bytes(r["peak_held_bytes"]), human_bytes(r["at_rest_bytes"]), human_bytes(r["archive_bytes"])]
             for r in rows]
-    figures = {"held": memory_figure(rows), "peak": memory_figure(rows, "peak_held_bytes", "Peak held over the turn")}
-    return {"headers": headers, "data": data}, figures, rows
+    path = write_csv(rows, folder / "memory.csv")
+    return (memory_figure(rows), memory_figure(rows, "peak_held_bytes", "Peak held over the turn"),
+            {"headers": headers, "data": data}, str(path))
 
 
 def needle_views(grid: NeedleGrid, folder: Path) -> tuple[go.Figure, dict, str]:

@@ -1,6 +1,8 @@
 """Memory of a turn: held, peak and at-rest bytes from the tensors, the process peak in a fresh process; a short
 context held raw as native holds it, and the measurements of the codec archiving from its first unit."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from codeckv.cache import make_cache
 from codeckv.measure.lockstep import lockstep
 from codeckv.measure.memory import beside_native, memory_row, memory_row_isolated, memory_rows, modes_of
 from codeckv.serve.limits import Limits
-from codeckv.serve.service import memory_request
+from codeckv.serve.service import memory_request, memory_views
 from codeckv.tiers import TIERS
 
 
@@ -75,3 +77,14 @@ def test_an_isolated_row_measures_its_own_process_peak(loaded):
 def test_memory_requests_are_validated_before_any_work(loaded, contexts, tiers, tokens, match):
     with pytest.raises(ValueError, match=match):
         memory_request(loaded, contexts, tiers, tokens, limits=Limits())
+
+
+def test_the_memory_tab_shows_and_writes_every_row(loaded, tmp_path):
+    """The Memory tab's outputs from a real request: a chart each of held and peak bytes, a table row and a CSV row
+    per (tier, attention mode) beside native's."""
+    rows = memory_request(loaded, ["512"], ["turbo-4"], 2, limits=Limits())
+    held, peak, table, path = memory_views(rows, tmp_path)
+    assert [(r["tier"], r["mode"]) for r in rows] == [("native", "native"), ("turbo-4", "codes"), ("turbo-4", "view")]
+    assert [row[1:3] for row in table["data"]] == [["native", "native"], ["turbo-4", "codes"], ["turbo-4", "view"]]
+    assert len(held.data) > 0 and len(peak.data) > 0
+    assert len(Path(path).read_text().splitlines()) == 1 + len(rows)
