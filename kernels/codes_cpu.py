@@ -14,10 +14,9 @@ reads 4 D bytes of float32 rows per token and side, this kernel reads the D b / 
 and turns them into levels in registers.
 
 The C files (SOURCES: codes_cpu.h says which holds what) are compiled together once per machine with
-the C compiler found (`$CC`, else `cc`), `-O3 -march=native`, into the codeckv cache (CODECKV_CACHE,
-default ~/.cache/codeckv) under a name holding a hash of the sources, the flags and the CPU's feature
-flags, so a copied cache never runs code built for another CPU. No compiler, a failed build or
-CODECKV_CPU_KERNEL=0: the torch path, and codes_status() says why. Called with torch.inference_mode
+`-O3 -march=native` into the codeckv cache (kernels/c_build.py: a name holding a hash of the sources, the
+flags and the CPU's feature flags). No compiler, a failed build or CODECKV_CPU_KERNEL=0: the torch path,
+and codes_status() says why. Called with torch.inference_mode
 or not alike; ctypes releases the GIL.
 """
 
@@ -25,18 +24,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
 from codeckv.codecs.layout import QuantRows
 
+from .c_build import compiled
 from .layout import levels
 
 SOURCE = Path(__file__).with_suffix(".c")  # the entry points; the header and the other files beside it
@@ -44,7 +39,6 @@ HEADER = SOURCE.with_suffix(".h")
 SOURCES = (SOURCE, SOURCE.with_name("codes_loops_avx2.c"), SOURCE.with_name("codes_loops_portable.c"),
            SOURCE.with_name("codes_decode.c"))
 FLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC")
-BUILD_TIMEOUT_S = 120
 MAX_ROWS = 64  # query rows per KV head the kernel takes (a decode step has G * T; a long prefill chunk uses torch)
 MAX_DIM = 256
 DISABLE_VARIABLE = "CODECKV_CPU_KERNEL"  # "0": never build or use the kernel
@@ -78,21 +72,6 @@ class _Decode(ctypes.Structure):
     ]
 
 
-def _cpu_flags() -> str:
-    """The CPU's feature flags (Linux), else the machine name: part of the build's name."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("CODECKV_CACHE", Path.home() / ".cache" / "codeckv")) / "kernels"
-
-
 def _library() -> tuple[ctypes.CDLL | None, str]:
     """(the loaded kernel, "compiled C (...)") or (None, "torch (why not)"): built at most once per process."""
     if os.environ.get(DISABLE_VARIABLE, "1") == "0":
@@ -102,44 +81,20 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
 
 @functools.cache
 def build(flags: tuple[str, ...]) -> tuple[ctypes.CDLL | None, str]:
-    """Compile codes_cpu.c with `flags` into the cache (once per source, flags, CPU and compiler) and load it.
+    """Compile codes_cpu.c with `flags` into the cache (kernels/c_build.py) and load it.
 
     FLAGS is what the ops use; the tests also build with "-DCODES_PORTABLE" (the plain C loops).
     """
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        return None, "torch (no C compiler: install gcc or clang, or set CC)"
-    try:
-        text = [path.read_bytes() for path in (HEADER, *SOURCES)]
-    except OSError as err:  # an installed wheel without the header (package-data) cannot build it
-        return None, f"torch ({SOURCE.name}'s sources are incomplete here: {err})"
-    key = hashlib.sha256(b"\0".join([*text, " ".join(flags).encode(), _cpu_flags().encode(),
-                                      compiler.encode()])).hexdigest()
-    target = _cache_dir() / f"codes_cpu-{platform.machine()}-{key[:16]}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then moved in whole
-            built = Path(tmp) / target.name
-            try:
-                run = subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(built), "-lm"],
-                                     capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-            except (OSError, subprocess.TimeoutExpired) as err:
-                return None, f"torch (building {SOURCE.name} failed: {err})"
-            if run.returncode != 0:
-                last = (run.stderr.strip().splitlines() or ["no message"])[-1]
-                return None, f"torch (building {SOURCE.name} failed: {last})"
-            os.replace(built, target)
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as err:
-        return None, f"torch (loading {target.name} failed: {err})"
+    lib, compiler = compiled("codes_cpu", (HEADER, *SOURCES), flags)
+    if lib is None:
+        return None, f"torch ({compiler})"
     for name, struct in (("codes_scores", _Call), ("codes_weighted", _Call), ("codes_decode", _Decode)):
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.POINTER(struct)]
     lib.codes_vectorized.restype = ctypes.c_int
     kind = "AVX2" if lib.codes_vectorized() else "portable C"
-    return lib, f"compiled C ({kind}, {Path(compiler).name} {' '.join(f for f in flags if f.startswith('-march'))})"
+    return lib, f"compiled C ({kind}, {compiler} {' '.join(f for f in flags if f.startswith('-march'))})"
 
 
 def codes_status() -> str:

@@ -109,6 +109,7 @@ fi
 if [ "$convert" = 1 ]; then
   HF_HUB_OFFLINE=1 "$PY" -c "from codeckv.models import load_model; print(load_model().info)"
   "$PY" -c "from kernels.codes_cpu import codes_status; print('attention on the codes:', codes_status())"
+  "$PY" -c "from kernels.ans_cpu import ans_status; print('the PCA tiers entropy coder:', ans_status())"
   HF_HUB_OFFLINE=1 "$PY" -c "
 from codeckv.cache.calibration import calibration_for
 from codeckv.models import load_model

@@ -2,6 +2,7 @@
 
     from codeckv.cache.kernel_ops import decode_attention, encode, decode, backend_name, op_backends, layout_of
     from codeckv.cache.kernel_ops import attention_compiled
+    from codeckv.cache.kernel_ops import ans_available, ans_encode, ans_costs, ans_status   # the PCA coder's C
 
 Why the indirection: the Hugging Face hub has a package named `kernels` too (PyPI `kernels`, which
 transformers probes for). Two top-level `kernels` packages cannot be installed side by side (the
@@ -46,7 +47,12 @@ def _package_name() -> str:
 PACKAGE = _package_name()
 _ops = importlib.import_module(f"{PACKAGE}.ops")
 _layout = importlib.import_module(f"{PACKAGE}.layout")
+_ans = importlib.import_module(f"{PACKAGE}.ans_cpu")
 
+ans_available = _ans.ans_available
+ans_costs = _ans.ans_costs
+ans_encode = _ans.ans_encode
+ans_status = _ans.ans_status
 attention_compiled = _ops.attention_compiled
 Coded = _ops.Coded
 Raw = _ops.Raw

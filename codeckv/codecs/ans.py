@@ -17,8 +17,9 @@ ideal code length -log2 p(codes) per chunk. The tables are calibration constants
 
 A stream holds its symbols class by class (stable within a class: row by row, column by column), so the
 constriction path codes each class's run with one fixed model, and the order does not depend on the shift.
-encode_many / decode_many (and encode_tables, for many tables) run the coder's arithmetic in numpy across
-streams, byte for byte what constriction writes: codecs/ans_vectorized.py.
+encode_many and encode_tables (many tables) run the compiled coder where it is built (kernels/ans_cpu.c, one
+call per table and row count), else the coder's arithmetic in numpy across streams (codecs/ans_vectorized.py);
+decode_many runs the numpy one. Every path writes byte for byte what constriction writes.
 """
 
 from __future__ import annotations
@@ -36,12 +37,22 @@ from codeckv.codecs.ans_vectorized import (
     PRECISION,
     Prepared,
     decode_streams,
-    encode_tables,
+    encode_tables_numpy,
 )
 
 LENGTH_BYTES = 4  # every stored stream carries its length (counted in nbytes)
 STREAM_SLACK_BYTES = 8  # a stream is at most this much longer than ceil(ideal bits / 8): its final 64-bit state
 _ESCAPED = constriction.stream.model.Uniform(ESCAPE_RANGE)
+
+
+def encode_tables(jobs: list[tuple[EntropyTable, list[torch.Tensor], list[int]]]) -> list[list[bytes]]:
+    """Per job (table, chunks, shifts), one stream per chunk: table.encode(chunk, shift)'s bytes, for many tables
+    at once: the compiled coder where it is built, else numpy's passes over all of them (module docstring)."""
+    from codeckv.cache.kernel_ops import ans_available  # codeckv's door to kernels/ imports this module
+
+    if ans_available():
+        return [table._encode_compiled(chunks, shifts) for table, chunks, shifts in jobs]
+    return encode_tables_numpy(jobs)
 
 
 @dataclass
@@ -175,6 +186,27 @@ class EntropyTable:
     def encode_many(self, chunks: list[torch.Tensor], shifts: list[int] | None = None) -> list[bytes]:
         """Many (m_i, r) integer code arrays -> one ANS stream each, byte for byte what encode() writes for each."""
         return encode_tables([(self, chunks, [0] * len(chunks) if shifts is None else shifts)])[0]
+
+    def _encode_compiled(self, chunks: list[torch.Tensor], shifts: list[int]) -> list[bytes]:
+        """encode_many on the compiled coder (kernels/ans_cpu.c): one call per row count."""
+        from codeckv.cache.kernel_ops import ans_encode
+
+        by_rows: dict[int, list[int]] = {}
+        for i, codes in enumerate(chunks):
+            by_rows.setdefault(codes.shape[0], []).append(i)
+        low, frequency = (table.reshape(self.probs.shape) for table in self._fixed_point_flat())
+        offset = self.offset.numpy()
+        out: list[bytes] = [b""] * len(chunks)
+        for rows, members in by_rows.items():
+            for shift in {shifts[i] for i in members}:
+                self._check(shift)
+            order = self._order(rows)
+            codes = torch.stack([chunks[i] for i in members]).reshape(len(members), -1).int().numpy()
+            streams = ans_encode(codes, order.order, order.classes, np.array([shifts[i] for i in members]), offset,
+                                 low, frequency)
+            for i, stream in zip(members, streams):
+                out[i] = stream
+        return out
 
     def _fixed_point(self) -> tuple[np.ndarray, np.ndarray]:
         """Per model and symbol, the (K, n) uint64 cumulative and frequency constriction's model gives them."""

@@ -1,4 +1,4 @@
-"""The rANS stack coder's arithmetic in numpy, across many streams at once (codecs/ans.py's fast path).
+"""The rANS stack coder's arithmetic in numpy, across many streams at once (codecs/ans.py's path without a C compiler).
 
 encode_many writes the very bytes constriction writes, with the coder's arithmetic in numpy across
 streams instead of one call per stream: the symbols' fixed-point cumulatives and frequencies are those of
@@ -8,7 +8,7 @@ state) runs over every stream at once, each stream with its own shift. A chunk o
 holds 8 x 212-384 symbols, so a long prompt's hundreds of chunks per layer cost some 3,000 numpy steps
 instead of hundreds of constriction calls. Streams stay independent: each still decodes on its own.
 decode_many is the same in reverse (the symbol of a quantile: a binary search in the model's cumulatives).
-A numpy step costs about as much for 512 streams as for 64, so encode_tables runs the streams of several
+A numpy step costs about as much for 512 streams as for 64, so encode_tables_numpy runs the streams of several
 tables (a flush of many layers, each with its own table) side by side: streams of different lengths end
 together (the coder starts from each stream's last symbol), and each stream still gets exactly its bytes.
 """
@@ -28,7 +28,7 @@ ESCAPE_RANGE = 1 << 16  # escaped values are stored in 16 bits (clipped to +-327
 PRECISION = 24  # constriction's default ANS coder: 24-bit probabilities, 32-bit words, 64-bit state
 WORD_BITS = 32
 ESCAPE_FREQUENCY = (1 << PRECISION) // ESCAPE_RANGE  # the Uniform(ESCAPE_RANGE) model: every value 2^24 / 2^16
-# From how many streams on encode_tables (all its chunks) and decode_many (streams of one length) take the
+# From how many streams on encode_tables_numpy (all its chunks) and decode_many (streams of one length) take the
 # numpy coder: one numpy step per symbol costs about as much for 16 streams as for 128, so few streams go
 # through constriction. Measured on chunks of smollm2-135m (354 components): encoding 64 chunks took 0.60 s
 # with constriction and 0.50 s in numpy, 128 chunks 1.36 s and 0.58 s; decoding 128 chunks 0.78 s and 1.23 s
@@ -56,7 +56,7 @@ class Prepared:
         return self.cumulative.shape[1]
 
 
-def encode_tables(jobs: list[tuple[EntropyTable, list[torch.Tensor], list[int]]]) -> list[list[bytes]]:
+def encode_tables_numpy(jobs: list[tuple[EntropyTable, list[torch.Tensor], list[int]]]) -> list[list[bytes]]:
     """encode_many of several tables in few numpy passes: per job (table, chunks, shifts), one stream per chunk,
     byte for byte what table.encode(chunk, shift) writes (module docstring). Few chunks go through constriction."""
     if sum(len(chunks) for _, chunks, _ in jobs) < ENCODE_VECTORIZED:

@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from codeckv.codecs.ans import ESCAPE_RANGE, LENGTH_BYTES, STREAM_SLACK_BYTES, EntropyTable
-from codeckv.codecs.ans_vectorized import encode_tables
+from codeckv.codecs.ans import ESCAPE_RANGE, LENGTH_BYTES, STREAM_SLACK_BYTES, EntropyTable, encode_tables
 from codeckv.codecs.base import Encoded
 from codeckv.codecs.fit import for_head_dim
 from codeckv.codecs.quant import GroupQuant
@@ -46,6 +45,7 @@ def sink_codec(head_dim: int) -> GroupQuant:
     """SINK_CODEC for rows of head_dim channels (codecs/fit.py: its groups shrink where 32 does not divide them)."""
     return for_head_dim(SINK_CODEC, head_dim)
 COST_LIMIT = 255  # codes beyond +-COST_LIMIT are estimated at their escape's cost: the models' largest M_k
+COST_UNITS = 1 << 16  # the rate control's code costs are integers: 1 / COST_UNITS bit each
 ANCHOR_SPACING = 4  # the rate control evaluates every 4th rung for every chunk, then the few its choice needs
 UNKNOWN_BYTES = 1 << 40  # a rung not evaluated for a chunk: never chosen
 
@@ -78,6 +78,23 @@ def ecsq_rows(y: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """ecsq of (B, S, r) components with one step per row ((S,) steps) or one for all (a 0-d tensor)."""
     steps = steps[None, :, None] if steps.dim() else steps
     return torch.round(y / steps).nan_to_num_(0.0).to(torch.int32)
+
+
+def _row_costs(y: torch.Tensor, steps: torch.Tensor, shifts: torch.Tensor, classes: torch.Tensor,
+               costs: torch.Tensor) -> torch.Tensor:
+    """(B, S', r) components, each row's step and class shift (S',), the columns' classes (r,), the (K * width,)
+    integer cost table -> (S',) int64: each row's summed cost of its codes (ecsq_rows's, clamped to +-COST_LIMIT + 1).
+    The compiled pass where it is built (kernels/ans_cpu.c), else torch; integer sums: the two agree exactly."""
+    from codeckv.cache.kernel_ops import ans_available, ans_costs  # codeckv's door to kernels/ imports this module
+
+    if ans_available():
+        return ans_costs(y, steps, shifts, classes, costs, COST_LIMIT)
+    width = 2 * COST_LIMIT + 3
+    place = (classes[None, :] - shifts[:, None]) * width + COST_LIMIT + 1  # (S', r): where q = 0's cost is
+    # ecsq_rows's codes (steps are finite here), clamped and placed in float: one pass fewer per op; an int32
+    # index and index_select read half the bytes take's int64 index does (twice as fast here)
+    where = (y / steps[None, :, None]).round_().clamp_(-COST_LIMIT - 1, COST_LIMIT + 1).add_(place.float()).int()
+    return costs.index_select(0, where.view(-1)).view(where.shape).sum((0, 2))
 
 
 @dataclass
@@ -117,7 +134,7 @@ class _Plan:
 def archive_layers(requests: list[tuple]) -> list[tuple[list[Chunk], tuple[torch.Tensor, torch.Tensor]]]:
     """LayerCoder.archive for several layers at once, (coder, keys, values, start, unit, budget, before) each:
     every layer's chunks and decoded (keys, values), as its own archive gives, with one entropy-coding pass
-    over all of their streams (ans_vectorized.encode_tables: a flush of many layers, codeckv/cache/flush.py)."""
+    over all of their streams (ans.encode_tables: a flush of many layers, codeckv/cache/flush.py)."""
     plans = [coder._plan(*args) for coder, *args in requests]
     streams = encode_tables([(coder.table, plan.parts, plan.shifts) for (coder, *_), plan in zip(requests, plans)])
     results = []
@@ -142,7 +159,7 @@ class LayerCoder:
     rope: Rope
     sink_tokens: int = 1
     component_bits: torch.Tensor | None = None  # (r,) mean bits per token of each component on calibration
-    _costs: torch.Tensor | None = field(default=None, repr=False, compare=False)  # table.code_bits(), flat, float64
+    _costs: torch.Tensor | None = field(default=None, repr=False, compare=False)  # stream_bytes's costs, flat, int64
 
     @property
     def kept(self) -> int:
@@ -205,26 +222,18 @@ class LayerCoder:
 
     def stream_bytes(self, y: torch.Tensor, bounds: list[int], rungs: torch.Tensor) -> torch.Tensor:
         """(B, S', r) components, chunk row bounds (chunks + 1,), one rung per chunk (chunks,) -> (chunks,) int64
-        upper bounds of each chunk's stream bytes at its rung (the coder's fixed-point code lengths, codecs/ans.py)."""
+        upper bounds of each chunk's stream bytes at its rung (the coder's fixed-point code lengths, codecs/ans.py,
+        each rounded up to 1 / COST_UNITS bit: integer sums, the same on any path, CPU and thread count)."""
         if self._costs is None:
-            self._costs = self.table.code_bits(COST_LIMIT).reshape(-1).double()  # summed in float64 below
-        width = 2 * COST_LIMIT + 3
-        if bool((rungs == rungs[0]).all()):  # one rung for all: a scalar step, one place per column
-            shifts, steps = torch.tensor(LADDER[int(rungs[0])]), self.steps[rungs[0]]
-            place = (self.table.classes - shifts) * width + COST_LIMIT + 1  # (r,): where q = 0's cost is
-        else:
-            counts = torch.tensor(bounds).diff()
-            shifts = torch.tensor(LADDER)[rungs].repeat_interleave(counts)  # (S',) each row's rung's shift
-            steps = self.steps[rungs].repeat_interleave(counts)
-            place = (self.table.classes[None, :] - shifts[:, None]) * width + COST_LIMIT + 1  # (S', r)
-            steps = steps[None, :, None]
-        # ecsq_rows's codes (steps are finite here), clamped and placed in float: one pass fewer per op; an int32
-        # index and index_select read half the bytes take's int64 index does (twice as fast here)
-        where = (y / steps).round_().clamp_(-COST_LIMIT - 1, COST_LIMIT + 1).add_(place.float()).int()
-        per_row = self._costs.index_select(0, where.view(-1)).view(where.shape).sum((0, 2))  # (S',)
-        total = torch.cat([torch.zeros(1, dtype=torch.float64), per_row.cumsum(0)])
+            self._costs = (self.table.code_bits(COST_LIMIT).double() * COST_UNITS).ceil().long().reshape(-1)
+        counts = torch.tensor(bounds).diff()
+        shifts = torch.tensor(LADDER)[rungs].repeat_interleave(counts)  # (S',) each row's rung's shift
+        steps = self.steps[rungs].repeat_interleave(counts)
+        per_row = _row_costs(y, steps, shifts, self.table.classes, self._costs)
+        total = torch.cat([torch.zeros(1, dtype=torch.long), per_row.cumsum(0)])
         edges = torch.tensor(bounds)
-        return ((total[edges[1:]] - total[edges[:-1]]) / 8).ceil().long() + STREAM_SLACK_BYTES
+        byte = 8 * COST_UNITS
+        return (total[edges[1:]] - total[edges[:-1]] + byte - 1).div(byte, rounding_mode="floor") + STREAM_SLACK_BYTES
 
     def _choose(self, y: torch.Tensor, bounds: list[int], sink_bytes: list[int], budget: RateBudget,
                 before: Spent, unit: int) -> list[int]:

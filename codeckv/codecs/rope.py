@@ -17,6 +17,8 @@ removes; removing the model's own leaves position-free keys, which a calibrated 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -25,6 +27,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """(x1, x2) -> (-x2, x1) on the last axis, as transformers' Llama and Gemma do."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@functools.lru_cache(maxsize=4)
+def _cos_sin(inv_freq: bytes, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rope.cos_sin on the CPU, kept for the next layer: a cache's layers share one RoPE, and a conversion or a
+    flush removes and re-applies it at the same positions in every layer."""
+    freqs = torch.arange(start, start + count, dtype=torch.float64)[:, None] * torch.frombuffer(
+        bytearray(inv_freq), dtype=torch.float64)[None, :]  # (S, R/2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().float(), emb.sin().float()
 
 
 class Rope:
@@ -71,10 +83,9 @@ class Rope:
         return 2 * self.inv_freq.numel()
 
     def cos_sin(self, start: int, count: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (count, R) float32 of positions start .. start + count - 1."""
-        freqs = torch.arange(start, start + count, dtype=torch.float64)[:, None] * self.inv_freq[None, :]  # (S, R/2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().float().to(device), emb.sin().float().to(device)
+        """cos, sin (count, R) float32 of positions start .. start + count - 1 (shared: read them, never write)."""
+        cos, sin = _cos_sin(self.inv_freq.numpy().tobytes(), start, count)
+        return cos.to(device), sin.to(device)
 
     def _rotate(self, x: torch.Tensor, start: int, sign: float) -> torch.Tensor:
         rotary = self.rotary_dim

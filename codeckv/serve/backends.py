@@ -3,8 +3,8 @@
     tier_backends("cuda", head_dim=64, dtype="bfloat16")["turbo-4"]["attention"]  # "triton decode_attention ..."
 
 Codec tiers ask the kernels themselves (`op_backends`: the same checks the ops run); a PCA tier has
-no per-tensor codec, its chunks are coded in torch (codeckv/cache/pca_layer.py) and no kernel reads them; a press
-alone stores nothing coded.
+no per-tensor codec: its chunks are projected in torch and entropy-coded by kernels/ans_cpu.c where it is built
+(else numpy), and no kernel reads them; a press alone stores nothing coded.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ import functools
 
 import torch
 
-from codeckv.cache.kernel_ops import op_backends
+from codeckv.cache.kernel_ops import ans_status, op_backends
 from codeckv.tiers import TIERS
 
 OPS = ("encode", "decode", "attention")  # archiving a block, the decoded view, attention on the codes
-PCA_PATH = "torch (joint PCA + ANS in codeckv/cache/pca_layer.py: no kernel reads entropy-coded chunks)"
 PCA_ATTENTION = "refused (no kernel reads entropy-coded chunks): attention reads the decoded view"
 PRESS_PATH = "none (a press alone keeps the tokens it does not evict raw; its scoring runs in torch)"
 PRESS_ATTENTION = "SDPA on the kept raw tokens"
@@ -32,7 +31,7 @@ def tier_backends(device: str, head_dim: int, dtype: str) -> dict[str, dict[str,
         if tier.is_native:
             continue
         if tier.joint is not None:
-            table[name] = {"encode": PCA_PATH, "decode": PCA_PATH, "attention": PCA_ATTENTION}
+            table[name] = {"encode": _pca_path(), "decode": _pca_path(), "attention": PCA_ATTENTION}
             continue
         if tier.key is None:  # a press alone
             table[name] = {"encode": PRESS_PATH, "decode": PRESS_PATH, "attention": PRESS_ATTENTION}
@@ -42,6 +41,13 @@ def tier_backends(device: str, head_dim: int, dtype: str) -> dict[str, dict[str,
         table[name] = {op: _both(paths[f"{op} K"], paths[f"{op} V"]) for op in ("encode", "decode")}
         table[name]["attention"] = paths["attention"]
     return table
+
+
+def _pca_path() -> str:
+    """A PCA tier's coding path: the projection in torch, the entropy coder compiled or in numpy (and why)."""
+    status = ans_status()
+    coder = f"ans_cpu, {status}" if status.startswith("compiled") else f"numpy, {status}"
+    return f"torch joint PCA (codeckv/cache/pca_layer.py) + ANS ({coder}); no kernel reads entropy-coded chunks"
 
 
 def _both(key: str, value: str) -> str:

@@ -69,8 +69,8 @@ def test_ans_round_trip_is_exact_with_escapes():
 
 
 def test_encode_many_writes_the_bytes_constriction_writes_for_each_chunk():
-    """The vectorized coder: byte for byte encode() of each chunk (escapes, mixed lengths, rows of any support);
-    decode_many reads them back like decode."""
+    """The coder the cache runs (compiled where built, else numpy's): byte for byte encode() of each chunk
+    (escapes, mixed lengths, rows of any support); decode_many reads them back like decode."""
     g = torch.Generator().manual_seed(2)
     scale = torch.cat([torch.linspace(30, 0.05, 39), torch.tensor([300.0])])  # column 39: its table saturates
     table = EntropyTable.fit((torch.randn(5000, 40, generator=g) * scale).round().int())
@@ -86,8 +86,8 @@ def test_encode_many_writes_the_bytes_constriction_writes_for_each_chunk():
 
 @pytest.mark.parametrize("batch_symbols", [ans_vectorized.ENCODE_BATCH_SYMBOLS, 3000])  # one pass; many small ones
 def test_encode_tables_writes_each_tables_bytes(monkeypatch, batch_symbols):
-    """Several tables (different widths, classes and shifts) coded side by side, streams of different lengths
-    ending together: chunk for chunk what each table's encode_many writes (and so what constriction writes)."""
+    """The numpy coder (the path without a C compiler): several tables (different widths, classes and shifts) coded
+    side by side, streams of different lengths ending together: chunk for chunk what constriction writes."""
     monkeypatch.setattr(ans_vectorized, "ENCODE_BATCH_SYMBOLS", batch_symbols)
     g = torch.Generator().manual_seed(3)
     jobs = []
@@ -100,8 +100,8 @@ def test_encode_tables_writes_each_tables_bytes(monkeypatch, batch_symbols):
         chunks.append(chunks[1][:3])  # another row count of the same table
         shifts = [i % 3 - 1 for i in range(len(chunks))]
         jobs.append((table, chunks, shifts))
-    got = ans_vectorized.encode_tables(jobs)
-    assert got == [table.encode_many(chunks, shifts) for table, chunks, shifts in jobs]
+    got = ans_vectorized.encode_tables_numpy(jobs)
+    assert got == [[table.encode(c, shift) for c, shift in zip(chunks, shifts)] for table, chunks, shifts in jobs]
     assert all(torch.equal(table.decode(stream, c.shape[0], shift), c) for (table, chunks, shifts), streams in
                zip(jobs, got) for c, stream, shift in zip(chunks, streams, shifts))
 

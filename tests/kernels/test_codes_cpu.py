@@ -13,7 +13,7 @@ import torch
 from codeckv.codecs.lloyd_max import LloydMaxQuant
 from codeckv.codecs.quant import GroupQuant
 from codeckv.tiers import TIERS
-from kernels import codes_cpu
+from kernels import ans_cpu, codes_cpu
 from kernels import decode_attention_torch as dat
 from kernels.codes_cpu import (
     FLAGS,
@@ -194,16 +194,17 @@ def test_no_compiler_or_disabled_means_the_torch_path(monkeypatch, tmp_path):
 def test_a_failed_build_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("CODECKV_CACHE", str(tmp_path))
     lib, status = build((*FLAGS, "-DCODES_TEST_FAILS", "-Werror=this-flag-does-not-exist"))
-    assert lib is None and status.startswith("torch (building codes_cpu.c failed:"), status
+    assert lib is None and status.startswith("torch (building codes_cpu failed:"), status
 
 
 def test_the_build_reads_every_c_file_and_the_header(monkeypatch, tmp_path):
-    """Every .c and .h file in kernels/ is compiled; without one (an install that lost the header) the torch path."""
+    """Every .c and .h file in kernels/ is compiled (here, or in the PCA coder's library); without one (an install
+    that lost the header) the torch path."""
     folder = codes_cpu.SOURCE.parent
-    assert {*codes_cpu.SOURCES, codes_cpu.HEADER} == {*folder.glob("*.c"), *folder.glob("*.h")}
+    assert {*codes_cpu.SOURCES, codes_cpu.HEADER, ans_cpu.SOURCE} == {*folder.glob("*.c"), *folder.glob("*.h")}
     monkeypatch.setattr(codes_cpu, "HEADER", tmp_path / "codes_cpu.h")
     lib, status = build((*FLAGS, "-DCODES_TEST_NO_HEADER"))
-    assert lib is None and status.startswith("torch (codes_cpu.c's sources are incomplete here"), status
+    assert lib is None and status.startswith("torch (codes_cpu's sources are incomplete here"), status
 
 
 def test_wrong_tensors_are_refused(kernel):

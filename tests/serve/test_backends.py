@@ -2,9 +2,9 @@
 
 import pytest
 
-from codeckv.cache.kernel_ops import op_backends
+from codeckv.cache.kernel_ops import ans_status, op_backends
 from codeckv.codecs import GroupQuant, Rotation
-from codeckv.serve.backends import PCA_PATH, tier_backends
+from codeckv.serve.backends import tier_backends
 from codeckv.tiers import TIERS
 from kernels.codes_cpu import FLAGS, build
 
@@ -70,5 +70,6 @@ def test_a_head_dim_the_presets_do_not_divide_is_fitted_first():
 def test_tier_table_covers_every_codec_tier():
     table = tier_backends("cuda", 64, "bfloat16")
     assert list(table) == [name for name, tier in TIERS.items() if not tier.is_native]
-    assert table["pca-8x"]["encode"] == PCA_PATH and table["pca-8x"]["attention"].startswith("refused")
+    coder = "ans_cpu, compiled C" if ans_status().startswith("compiled") else "numpy, reference ("
+    assert f"+ ANS ({coder}" in table["pca-8x"]["encode"] and table["pca-8x"]["attention"].startswith("refused")
     assert table["turbo-4"]["encode"] == "triton rotate_quant"
