@@ -14,8 +14,9 @@ pca-5x spent about two thirds of its time there.
 
 Built like codes_cpu.c (kernels/c_build.py: once per machine, `-O3 -march=native`, a hash-named library in
 the codeckv cache); no compiler, a failed build or CODECKV_CPU_KERNEL=0: ans_available() is False and the
-callers run the references. The C is single-threaded; the launchers split streams (rows) across as many
-threads as torch uses (ctypes releases the GIL).
+callers run the references. Single-threaded: split across two Python threads, a 4k conversion on two cores
+took 1.7-2.2 s instead of 1.2 s (torch's own threads, waiting between its ops, hold the cores); ctypes
+releases the GIL.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,6 @@ from .codes_cpu import DISABLE_VARIABLE
 
 SOURCE = Path(__file__).with_suffix(".c")
 FLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC")
-MIN_PART = 64  # streams or rows a thread takes at least (fewer: not worth a thread)
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
@@ -90,18 +89,6 @@ def _kernel() -> ctypes.CDLL:
     return lib
 
 
-def _split(run, count: int) -> int:
-    """run(first, end) over 0..count in as many parts as torch has threads (ctypes releases the GIL, so the
-    parts run at once): the first nonzero status, else 0."""
-    parts = max(1, min(torch.get_num_threads(), count // MIN_PART))
-    if parts == 1:
-        return run(0, count)
-    bounds = [count * i // parts for i in range(parts + 1)]
-    with ThreadPoolExecutor(parts) as pool:
-        statuses = list(pool.map(run, bounds[:-1], bounds[1:]))
-    return next((status for status in statuses if status), 0)
-
-
 def _ptr(array: np.ndarray) -> int:
     return array.ctypes.data
 
@@ -136,13 +123,9 @@ def ans_encode(codes: np.ndarray, order: np.ndarray, classes: np.ndarray, shift:
     words = np.empty((count, capacity), dtype=np.uint32)
     sizes = np.zeros(count, dtype=np.int64)
 
-    def encode(first: int, end: int) -> int:  # streams first..end-1
-        call = _Encode(_ptr(codes[first:end]), _ptr(order), _ptr(classes), _ptr(shift[first:end]), _ptr(offset),
-                       _ptr(low), _ptr(frequency), end - first, length, models, symbols, _ptr(words[first:end]),
-                       capacity, _ptr(sizes[first:end]))
-        return lib.ans_encode(ctypes.byref(call))
-
-    if _split(encode, count) != 0:
+    call = _Encode(_ptr(codes), _ptr(order), _ptr(classes), _ptr(shift), _ptr(offset), _ptr(low), _ptr(frequency),
+                   count, length, models, symbols, _ptr(words), capacity, _ptr(sizes))
+    if lib.ans_encode(ctypes.byref(call)) != 0:
         raise ValueError(f"ans_cpu: symbols of classes {int(classes.min())}..{int(classes.max())} at shifts "
                          f"{sorted(set(shift.tolist()))} fall outside models 0..{models - 1}")
     return [words[i, :size].tobytes() for i, size in enumerate(sizes.tolist())]
@@ -167,14 +150,9 @@ def ans_costs(y: torch.Tensor, steps: torch.Tensor, shift: torch.Tensor, classes
         raise ValueError(f"ans_cpu: steps {tuple(steps.shape)}, shifts {tuple(shift.shape)}, classes "
                          f"{tuple(classes.shape)}, {costs.numel()} costs do not fit components {tuple(y.shape)}")
     per_row = torch.empty(rows, dtype=torch.int64)
-
-    def cost(first: int, end: int) -> int:  # rows first..end-1
-        call = _Costs(y[:, first:].data_ptr(), y.stride(0), y.stride(1), batch, end - first, columns,
-                      steps[first:].data_ptr(), shift[first:].data_ptr(), classes.data_ptr(), costs.data_ptr(),
-                      costs.numel() // width, limit, per_row[first:].data_ptr())
-        return lib.ans_costs(ctypes.byref(call))
-
-    status = _split(cost, rows)
+    call = _Costs(y.data_ptr(), y.stride(0), y.stride(1), batch, rows, columns, steps.data_ptr(), shift.data_ptr(),
+                  classes.data_ptr(), costs.data_ptr(), costs.numel() // width, limit, per_row.data_ptr())
+    status = lib.ans_costs(ctypes.byref(call))
     if status == 3:
         raise MemoryError("ans_cpu: ans_costs could not allocate its row of column offsets")
     if status != 0:

@@ -12,7 +12,6 @@ import torch
 
 from codeckv.codecs import pca
 from codeckv.codecs.ans import EntropyTable
-from kernels import ans_cpu
 from kernels.ans_cpu import ans_available, ans_costs, ans_encode, ans_status
 from kernels.codes_cpu import DISABLE_VARIABLE
 
@@ -27,12 +26,9 @@ def _table(width: int, seed: int) -> EntropyTable:
     return EntropyTable(fitted.probs, fitted.offset, fitted.classes.clamp(1, width - 2))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_encode_writes_constrictions_bytes(monkeypatch, threads):
-    """Streams of a table at shifts -1..1 (a count that is not a multiple of the lanes coded together, split
-    across threads or not), escapes at both ends of the 16-bit range: each one byte for byte table.encode's."""
-    monkeypatch.setattr(ans_cpu, "MIN_PART", 3)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+def test_encode_writes_constrictions_bytes():
+    """Streams of a table at shifts -1..1 (a count that is not a multiple of the lanes coded together), escapes at
+    both ends of the 16-bit range: each one byte for byte table.encode's."""
     table = _table(37, 0)
     g = torch.Generator().manual_seed(1)
     chunks = list((torch.randn(11, 6, 37, generator=g) * torch.linspace(12, 0.05, 37)).round().int())
@@ -55,12 +51,9 @@ def test_encode_refuses_a_shift_outside_the_models():
         ans_encode(codes, order.order, order.classes, np.array([0, 0, 0, 0, 5]), table.offset.numpy(), low, frequency)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_costs_are_the_torch_references_exactly(monkeypatch, threads):
+def test_costs_are_the_torch_references_exactly(monkeypatch):
     """Per-row steps and shifts, components beyond the clamp, halves (rounded to even), a NaN and infinities: every
     row's sum is the torch reference's (both are integer sums)."""
-    monkeypatch.setattr(ans_cpu, "MIN_PART", 5)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     g = torch.Generator().manual_seed(3)
     width = 2 * pca.COST_LIMIT + 3
     classes = torch.randint(3, 9, (45,), generator=g)
