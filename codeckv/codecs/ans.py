@@ -39,6 +39,7 @@ from codeckv.codecs.ans_vectorized import (
     decode_streams,
     encode_tables_numpy,
 )
+from codeckv.kernel_package import kernel_module
 
 LENGTH_BYTES = 4  # every stored stream carries its length (counted in nbytes)
 STREAM_SLACK_BYTES = 8  # a stream is at most this much longer than ceil(ideal bits / 8): its final 64-bit state
@@ -48,9 +49,7 @@ _ESCAPED = constriction.stream.model.Uniform(ESCAPE_RANGE)
 def encode_tables(jobs: list[tuple[EntropyTable, list[torch.Tensor], list[int]]]) -> list[list[bytes]]:
     """Per job (table, chunks, shifts), one stream per chunk: table.encode(chunk, shift)'s bytes, for many tables
     at once: the compiled coder where it is built, else numpy's passes over all of them (module docstring)."""
-    from codeckv.cache.kernel_ops import ans_available  # codeckv's door to kernels/ imports this module
-
-    if ans_available():
+    if kernel_module("ans_cpu").ans_available():
         return [table._encode_compiled(chunks, shifts) for table, chunks, shifts in jobs]
     return encode_tables_numpy(jobs)
 
@@ -189,8 +188,7 @@ class EntropyTable:
 
     def _encode_compiled(self, chunks: list[torch.Tensor], shifts: list[int]) -> list[bytes]:
         """encode_many on the compiled coder (kernels/ans_cpu.c): one call per row count."""
-        from codeckv.cache.kernel_ops import ans_encode
-
+        ans_encode = kernel_module("ans_cpu").ans_encode
         by_rows: dict[int, list[int]] = {}
         for i, codes in enumerate(chunks):
             by_rows.setdefault(codes.shape[0], []).append(i)

@@ -37,6 +37,7 @@ from codeckv.codecs.fit import for_head_dim
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rate import HEADER_BYTES, LADDER, NOTHING, SKIP, RateBudget, Spent, ladder_steps
 from codeckv.codecs.rope import Rope
+from codeckv.kernel_package import kernel_module
 
 SINK_CODEC = GroupQuant(bits=8, group=32)
 
@@ -85,10 +86,9 @@ def _row_costs(y: torch.Tensor, steps: torch.Tensor, shifts: torch.Tensor, class
     """(B, S', r) components, each row's step and class shift (S',), the columns' classes (r,), the (K * width,)
     integer cost table -> (S',) int64: each row's summed cost of its codes (ecsq_rows's, clamped to +-COST_LIMIT + 1).
     The compiled pass where it is built (kernels/ans_cpu.c), else torch; integer sums: the two agree exactly."""
-    from codeckv.cache.kernel_ops import ans_available, ans_costs  # codeckv's door to kernels/ imports this module
-
-    if ans_available():
-        return ans_costs(y, steps, shifts, classes, costs, COST_LIMIT)
+    compiled = kernel_module("ans_cpu")
+    if compiled.ans_available():
+        return compiled.ans_costs(y, steps, shifts, classes, costs, COST_LIMIT)
     width = 2 * COST_LIMIT + 3
     place = (classes[None, :] - shifts[:, None]) * width + COST_LIMIT + 1  # (S', r): where q = 0's cost is
     # ecsq_rows's codes (steps are finite here), clamped and placed in float: one pass fewer per op; an int32
