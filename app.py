@@ -56,18 +56,15 @@ from codeckv.serve.service import (
     fresh_stop,
     inspect_request,
     memory_request,
-    memory_views,
     model_shape,
     needle_cells,
     needle_request,
-    needle_views,
     preparation_text,
-    sweep_downloads,
     sweep_pareto,
     sweep_request,
     sweep_token_kld,
-    sweep_views,
 )
+from codeckv.serve.tab_views import memory_views, needle_views, sweep_downloads, sweep_views
 from codeckv.tiers import TIERS
 
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]

@@ -226,12 +226,12 @@ class LayerCoder:
         each rounded up to 1 / COST_UNITS bit: integer sums, the same on any path, CPU and thread count)."""
         if self._costs is None:
             self._costs = (self.table.code_bits(COST_LIMIT).double() * COST_UNITS).ceil().long().reshape(-1)
-        counts = torch.tensor(bounds).diff()
+        edges = torch.tensor(bounds)
+        counts = edges.diff()
         shifts = torch.tensor(LADDER)[rungs].repeat_interleave(counts)  # (S',) each row's rung's shift
         steps = self.steps[rungs].repeat_interleave(counts)
         per_row = _row_costs(y, steps, shifts, self.table.classes, self._costs)
         total = torch.cat([torch.zeros(1, dtype=torch.long), per_row.cumsum(0)])
-        edges = torch.tensor(bounds)
         byte = 8 * COST_UNITS
         return (total[edges[1:]] - total[edges[:-1]] + byte - 1).div(byte, rounding_mode="floor") + STREAM_SLACK_BYTES
 

@@ -6,12 +6,11 @@
         ...
     figures, summary = inspect_request(loaded, text, tier, layer=3, head=1, which="K", limits=limits)
     rows = memory_request(loaded, ["1024", "4096"], ["turbo-4", "pca-8x"], 16, progress=cb)
-    held, peak, table, csv_path = memory_views(rows, folder)
     path = chat_download(loaded, session, folder); native, codec, notes = chat_resume(loaded, session, upload, limits)
 
 Every value is checked here or in codeckv/serve/inputs.py before it reaches a loader, a loop or an
-allocation, and every request runs under the budgets of codeckv/serve/limits.py; app.py only maps these
-results onto its components.
+allocation, and every request runs under the budgets of codeckv/serve/limits.py; what a tab shows of a
+finished result is codeckv/serve/tab_views.py's; app.py only maps these results onto its components.
 """
 
 from __future__ import annotations
@@ -25,26 +24,23 @@ import plotly.graph_objects as go
 from codeckv.cache.pca_layer import tokens_before_coder
 from codeckv.cache.saved_format import tier_from_spec
 from codeckv.cache.saved_load import read_header
-from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure, worst_tier
-from codeckv.figures.plots import memory_figure, needle_figure, pareto_figure
+from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure
+from codeckv.figures.plots import pareto_figure
 from codeckv.loaded import LoadedModel
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.inspection import inspect_tier
 from codeckv.measure.memory import beside_native, memory_rows, modes_of
 from codeckv.measure.needle import NeedleGrid, needle_grid
-from codeckv.measure.needle import as_dicts as needle_dicts
 from codeckv.measure.peers import Peer
 from codeckv.measure.quality import QualityRun, measure_quality
 from codeckv.measure.quality import as_dicts as quality_dicts
 from codeckv.measure.side_by_side import prompt_ids
 from codeckv.measure.sweep import Sweep, sweep
 from codeckv.measure.sweep import as_dicts as sweep_dicts
-from codeckv.measure.table import write_csv, write_json
 from codeckv.models import ModelUnavailableError, model_config
 from codeckv.presses import PRESS_MODES
 from codeckv.serve.formatting import (
     codec_stats_markdown,
-    human_bytes,
     inspect_summary,
     native_stats_markdown,
     progress_markdown,
@@ -195,30 +191,6 @@ def memory_request(loaded: LoadedModel, contexts, tiers, new_tokens, progress: P
     report = until(limits.deadline(), progress, stop)
     prepared(loaded, tiers, report)
     return beside_native(memory_rows(loaded, tiers, contexts, new_tokens, report))
-
-
-def memory_views(rows: list[dict], folder: Path) -> tuple[go.Figure, go.Figure, dict, str]:
-    """The Memory tab's outputs: held and peak-held charts, the table, and the path of the rows' CSV in folder."""
-    headers = ["prompt tokens", "tier", "attention", "held", "× native held", "peak held", "at rest", "archive"]
-    data = [[r["context"], r["tier"], r["mode"], human_bytes(r["held_bytes"]), round(r["held_vs_native"], 3),
-             human_bytes(r["peak_held_bytes"]), human_bytes(r["at_rest_bytes"]), human_bytes(r["archive_bytes"])]
-            for r in rows]
-    path = write_csv(rows, folder / "memory.csv")
-    return (memory_figure(rows), memory_figure(rows, "peak_held_bytes", "Peak held over the turn"),
-            {"headers": headers, "data": data}, str(path))
-
-
-def needle_views(grid: NeedleGrid, folder: Path) -> tuple[go.Figure, dict, str]:
-    """The Needle tab's outputs: the retrieval heatmap, the answers table, and the path of the grid's CSV in folder."""
-    path = write_csv(needle_dicts(grid.rows), folder / "needle.csv")
-    return needle_figure(grid), needle_table(grid), str(path)
-
-
-def needle_table(grid: NeedleGrid) -> dict:
-    """The grid's answers as a display table."""
-    data = [[r.tier, r.tokens, f"{r.depth:.0%}", r.key, "yes" if r.retrieved else "no", r.press_mode, r.answer]
-            for r in grid.rows]
-    return {"headers": ["tier", "prompt tokens", "depth", "key", "retrieved", "press protocol", "answer"], "data": data}
 
 
 def chat_panels(session: ChatSession, pending: tuple[str, str, str] | None = None) -> tuple[list, list]:
@@ -406,27 +378,6 @@ def inspect_request(loaded: LoadedModel, prompt: str, tier: Tier, layer, head, w
     figures = inspect_figures(view)
     figures["heatmap"] = figures["heatmap_key" if which == "K" else "heatmap_value"]
     return figures, inspect_summary(view, tier.name, layer, head)
-
-
-def sweep_downloads(outcome: SweepOutcome, model: str, folder: Path) -> list[str]:
-    """Write a sweep's rows as CSV and JSON (with what was measured) into folder: their paths."""
-    return [str(write_csv(outcome.rows, folder / "sweep.csv")),
-            str(write_json({"model": model, **outcome.about, "rows": outcome.rows}, folder / "sweep.json"))]
-
-
-def sweep_views(outcome: SweepOutcome, metric: str) -> dict:
-    """What the Tier sweep tab shows of a finished sweep: the Pareto chart on `metric` ("kld" or
-    "delta_nll_pct"), the one-prompt charts (None on long text), the per-token KLD and the tiers to pick from."""
-    prompt_mode = "latency" in outcome.figures
-    return {
-        "pareto": outcome.figures["pareto_kld" if metric == "kld" or prompt_mode else "pareto_nll"],
-        "prompt_mode": prompt_mode,
-        "latency": outcome.figures.get("latency"),
-        "token_match": outcome.figures.get("token_match"),
-        "token_kld": outcome.figures["token_kld"],
-        "tiers": [r.tier for r in outcome.result.rows if r.tier != "native"],
-        "worst": worst_tier(outcome.result),
-    }
 
 
 def sweep_pareto(result, metric) -> go.Figure | None:

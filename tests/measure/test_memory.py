@@ -10,7 +10,8 @@ from codeckv.cache import make_cache
 from codeckv.measure.lockstep import lockstep
 from codeckv.measure.memory import beside_native, memory_row, memory_row_isolated, memory_rows, modes_of
 from codeckv.serve.limits import Limits
-from codeckv.serve.service import memory_request, memory_views
+from codeckv.serve.service import memory_request
+from codeckv.serve.tab_views import memory_views
 from codeckv.tiers import TIERS
 
 
