@@ -88,11 +88,17 @@ static inline uint64_t push(uint64_t state, uint32_t cumulative, uint32_t freque
 int ans_encode(const AnsEncode *call) {
     const int64_t length = call->length, symbols = call->symbols;
     if (call->capacity < ans_capacity(length)) return 1;
-    for (int64_t s = 0; s < call->streams; s++)
-        for (int64_t t = 0; t < length; t++) {
-            int64_t k = (int64_t)call->classes[t] - call->shift[s];
-            if (k < 0 || k >= call->models) return 2;
-        }
+    int64_t low_class = INT64_MAX, high_class = INT64_MIN, low_shift = INT64_MAX, high_shift = INT64_MIN;
+    for (int64_t t = 0; t < length; t++) {  /* every model used is in range: min class - max shift, and so on */
+        low_class = call->classes[t] < low_class ? call->classes[t] : low_class;
+        high_class = call->classes[t] > high_class ? call->classes[t] : high_class;
+    }
+    for (int64_t s = 0; s < call->streams; s++) {
+        low_shift = call->shift[s] < low_shift ? call->shift[s] : low_shift;
+        high_shift = call->shift[s] > high_shift ? call->shift[s] : high_shift;
+    }
+    if (length > 0 && call->streams > 0 && (low_class - high_shift < 0 || high_class - low_shift >= call->models))
+        return 2;
     for (int64_t first = 0; first < call->streams; first += LANES) {
         const int lanes = call->streams - first < LANES ? (int)(call->streams - first) : LANES;
         uint64_t state[LANES] = {0};

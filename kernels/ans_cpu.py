@@ -55,9 +55,8 @@ class _Costs(ctypes.Structure):
 
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library, "compiled C (...)") or (None, "reference (why not)"): built at most once per process."""
-    if os.environ.get(DISABLE_VARIABLE, "1") == "0":
-        return None, f"reference ({DISABLE_VARIABLE}=0)"
+    """(the loaded library, "compiled C (...)") or (None, "reference (why not)"): built at most once per process
+    (CODECKV_CPU_KERNEL is read by its callers at every call, so a test may turn the library off and on)."""
     lib, compiler = compiled("ans_cpu", (SOURCE,), FLAGS)
     if lib is None:
         return None, f"reference ({compiler})"
@@ -70,16 +69,18 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     return lib, f"compiled C ({compiler} -march=native)"
 
 
+def _disabled() -> bool:
+    return os.environ.get(DISABLE_VARIABLE, "1") == "0"
+
+
 def ans_status() -> str:
     """"compiled C (...)" where the library runs here, else "reference (why not)"."""
-    if os.environ.get(DISABLE_VARIABLE, "1") == "0":
-        return f"reference ({DISABLE_VARIABLE}=0)"
-    return _library()[1]
+    return f"reference ({DISABLE_VARIABLE}=0)" if _disabled() else _library()[1]
 
 
 def ans_available() -> bool:
     """True where the compiled coder and cost pass run (else the callers run their references)."""
-    return os.environ.get(DISABLE_VARIABLE, "1") != "0" and _library()[0] is not None
+    return not _disabled() and _library()[0] is not None
 
 
 def _kernel() -> ctypes.CDLL:
