@@ -60,11 +60,10 @@ from codeckv.serve.service import (
     needle_cells,
     needle_request,
     preparation_text,
-    sweep_pareto,
     sweep_request,
     sweep_token_kld,
 )
-from codeckv.serve.tab_views import memory_views, needle_views, sweep_downloads, sweep_views
+from codeckv.serve.tab_views import memory_views, needle_views, sweep_downloads, sweep_pareto, sweep_views
 from codeckv.tiers import TIERS
 
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
@@ -148,15 +147,16 @@ def request_stop(flag):
 @gpu(duration=LONG_GPU_SECONDS)
 @guarded
 def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens, model_name, tiers, metric, stop=None,
-              progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
-    """Every chosen tier: on long text (default) or on one chat prompt; table, charts, CSV / JSON downloads."""
-    metric = METRICS[one_of(metric, "quality axis", METRICS)]
+              long_context=None, progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
+    """Every chosen tier: on long text (default) or on one chat prompt; table, charts, CSV / JSON downloads. The
+    long-context quality axis charts the Long context tab's last grid (`long_context`)."""
+    metric = one_of(metric, "quality axis", METRICS)
     with leased(model_name) as loaded:
         run = sweep_request(loaded, mode, source, pasted, upload, windows, length, prompt, new_tokens, tiers,
                             bar_progress(progress), stop=fresh_stop(stop))
         model = loaded.info.name
     files = sweep_downloads(run, model, REPORTS.fresh())
-    views = sweep_views(run, metric)
+    views = sweep_views(run, metric, long_context)
     return (run.table, views["pareto"], gr.update(value=views["latency"], visible=views["prompt_mode"]),
             gr.update(value=views["token_match"], visible=views["prompt_mode"]), views["token_kld"], files,
             run.result, gr.update(choices=views["tiers"], value=views["worst"]))
@@ -176,12 +176,13 @@ def run_needle(lengths, depths, tiers, model_name, press_mode="once", stop=None,
 @gpu(duration=LONG_GPU_SECONDS)
 @guarded
 def run_ruler(tasks, lengths, samples, tiers, model_name, press_mode="once", stop=None, progress=gr.Progress()):  # noqa: B008
-    """RULER-style tasks: native and every chosen tier, one native prefill per sample."""
+    """RULER-style tasks: native and every chosen tier, one native prefill per sample; the grid is also kept for
+    the Tier sweep's long-context axis."""
     ruler_cells(tasks, lengths, samples, press_mode=press_mode)  # refused before a model is touched
     with leased(model_name) as loaded:
         rows = ruler_request(loaded, tasks, lengths, samples, tiers, bar_progress(progress), stop=fresh_stop(stop),
                              press_mode=press_mode)
-        return ruler_views(rows, REPORTS.fresh(), loaded.info.name)
+        return *ruler_views(rows, REPORTS.fresh(), loaded.info.name), {"model": loaded.info.name, "rows": rows}
 
 
 @gpu(duration=LONG_GPU_SECONDS)
@@ -333,14 +334,15 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             sweep_button = gr.Button("Run sweep", variant="primary", scale=4)
             sweep_stop = gr.Button("Stop", scale=1)
         sweep_table_out = gr.Dataframe(label="results", interactive=False, elem_id="sweep-results")
-        sweep_metric = gr.Radio(list(METRICS), value="KL divergence", label="quality axis")
-        pareto = gr.Plot(label="storage vs quality")
+        sweep_metric = gr.Radio(list(METRICS), value="KL divergence", label="quality axis", elem_id="sweep-axis")
+        pareto = gr.Plot(label="storage vs quality", elem_id="sweep-pareto")
         latency = gr.Plot(label="decode latency", visible=False)
         token_match = gr.Plot(label="token match", visible=False)
         kld_tier = gr.Dropdown([], label="per-token KL divergence of tier")
         token_kld = gr.Plot(label="per-token KL divergence")
         downloads = gr.File(label="download CSV and JSON", file_count="multiple")
         sweep_state = gr.State(None)
+        ruler_state = gr.State(None)  # the Long context tab's last grid: the sweep's long-context axis
         stop_flag = gr.State(StopFlag())  # one per browser session, shared by the long-running tabs
 
     with gr.Tab("Long context"):
@@ -428,18 +430,19 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     sweep_button.click(
         run_sweep,
         [sweep_mode, sweep_source, sweep_pasted, sweep_upload, sweep_windows, sweep_length, sweep_prompt,
-         sweep_tokens, model_name, sweep_tiers, sweep_metric, stop_flag],
+         sweep_tokens, model_name, sweep_tiers, sweep_metric, stop_flag, ruler_state],
         [sweep_table_out, pareto, latency, token_match, token_kld, downloads, sweep_state, kld_tier],
         api_name="sweep",
     )
-    sweep_metric.change(sweep_pareto, [sweep_state, sweep_metric], pareto, api_name=False)
+    sweep_metric.change(sweep_pareto, [sweep_state, sweep_metric, ruler_state], pareto, api_name=False)
     kld_tier.change(sweep_token_kld, [sweep_state, kld_tier], token_kld, api_name=False)
     needle_button.click(run_needle, [needle_lengths, needle_depths, needle_tiers, model_name, needle_protocol,
                                      stop_flag],
                         [needle_plot, needle_answers, needle_csv], api_name="needle")
     ruler_button.click(run_ruler, [ruler_tasks, ruler_lengths, ruler_samples, ruler_tiers, model_name,
                                    needle_protocol, stop_flag],
-                       [ruler_heatmap, ruler_bytes, ruler_table, ruler_csv], api_name="ruler")
+                       [ruler_heatmap, ruler_bytes, ruler_table, ruler_csv, ruler_state], api_name="ruler").success(
+        sweep_pareto, [sweep_state, sweep_metric, ruler_state], pareto, api_name=False)
     memory_button.click(run_memory, [memory_contexts, memory_tiers, memory_tokens, model_name, stop_flag],
                         [memory_held, memory_peak, memory_rows, memory_csv], api_name="memory")
     for button in (sweep_stop, ruler_stop, needle_stop, memory_stop):

@@ -10,13 +10,13 @@ Rows may be dataclasses or dicts read back from a CSV (numbers as floats).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from codeckv.figures.labels import PLOT_AREA_PX, legend_rows, place_labels
-from codeckv.figures.plots import CODEC_COLORS, FAMILY_MARKERS, NATIVE_COLOR, _dicts, family_of, themed
+from codeckv.figures.plots import CODEC_COLORS, _dicts, pareto_figure, themed
 
 SCORE_SCALE = [[0, "#fca5a5"], [0.5, "#fde68a"], [1, "#86efac"]]  # red 0 -> amber 50 -> green 100
 
@@ -55,55 +55,39 @@ def ruler_heatmap_figure(rows: Sequence, model: str | None = None) -> go.Figure:
     return fig
 
 
-def ruler_average(rows: Sequence, length: int) -> dict[str, tuple[float, float, int]]:
-    """tier -> (mean score over the tasks at `length`, mean stored_vs_bf16, tasks counted), for the tiers measured on
-    every task native was (an average over other tasks would not compare): the others are left out."""
+def ruler_average(rows: Sequence, length: int) -> dict[str, dict]:
+    """tier -> a Pareto row of its RULER average at `length` (measure/ruler.py rows): `score` the mean over the tasks,
+    `score_se` its standard error (the tasks' samples are drawn apart: the root of the tasks' squared errors over
+    their count), `stored_vs_bf16` and `archive_bytes` (what the cache held) the means, `tasks` their count. Only
+    the tiers measured on every task native was (an average over other tasks would not compare)."""
     by_tier: dict[str, dict[str, dict]] = {}
     for row in _dicts(rows):
         if int(row["length"]) == length:
             by_tier.setdefault(row["tier"], {})[row["task"]] = row
-    tasks = set(by_tier.get("native", {}))
-    return {tier: (sum(found[t]["score"] for t in tasks) / len(tasks),
-                   sum(found[t]["stored_vs_bf16"] for t in tasks) / len(tasks), len(tasks))
-            for tier, found in by_tier.items() if tasks and tasks <= set(found)}
+    tasks = sorted(by_tier.get("native", {}))
+    averages = {}
+    for tier, found in by_tier.items():
+        if not tasks or not set(tasks) <= set(found):
+            continue
+        errors = [float(found[t].get("score_se", math.nan)) for t in tasks]
+        averages[tier] = {
+            "tier": tier, "tasks": len(tasks), "score": statistics.fmean(float(found[t]["score"]) for t in tasks),
+            "score_se": math.sqrt(sum(e * e for e in errors)) / len(tasks),  # nan with one sample: no error bar
+            "stored_vs_bf16": statistics.fmean(float(found[t]["stored_vs_bf16"]) for t in tasks),
+            "archive_bytes": round(statistics.fmean(float(found[t].get("held_bytes") or 0) for t in tasks)),
+        }
+    return averages
 
 
 def ruler_bytes_figure(rows: Sequence, length: int, model: str | None = None) -> go.Figure:
-    """The RULER average at `length` against what each tier stores per token seen vs bf16: one trace per family (the
-    Pareto chart's markers), each point labelled where its label finds room (figures/labels.py); the title names
+    """The RULER average at `length` against what each tier stores per token seen vs bf16 (ruler_average): the
+    Pareto chart of figures/plots.py on its score axis, error bars the average's standard error; the title names
     `model` when given."""
-    averages = ruler_average(rows, length)
-    names = list(averages)
-    xs, ys = [averages[t][1] for t in names], [averages[t][0] for t in names]
-    families = ["native" if t == "native" else family_of(t) for t in names]
-    fig = go.Figure()
-    for family in dict.fromkeys(families):
-        members = [i for i, f in enumerate(families) if f == family]
-        symbol, color, _ = FAMILY_MARKERS.get(family, ("circle", NATIVE_COLOR if family == "native"
-                                                       else CODEC_COLORS[0], False))
-        fig.add_trace(go.Scatter(
-            x=[xs[i] for i in members], y=[ys[i] for i in members], text=[names[i] for i in members],
-            mode="markers", name=family, marker=dict(size=12, symbol=symbol, color=color, line=dict(width=2)),
-            hovertemplate="%{text}<br>stores %{x:.3f}× bf16<br>RULER average %{y:.1f}<extra></extra>",
-        ))
-    x_low, x_high = min(xs + [1.0]), max(xs + [1.0])
-    x_range, y_range = (x_low - 0.06 * (x_high - x_low), x_high + 0.06 * (x_high - x_low)), (-8.0, 108.0)
-    labels = [name.removeprefix("llamacpp-") for name in names]
-    for i, offset in enumerate(place_labels(xs, ys, labels, x_range, y_range)):
-        if offset is not None:
-            fig.add_annotation(x=xs[i], y=ys[i], text=labels[i], ax=offset[0], ay=offset[1], showarrow=True,
-                               arrowhead=0, arrowwidth=1, arrowcolor="#9ca3af", font=dict(size=14))
-    fig.add_vline(x=1, line=dict(color=NATIVE_COLOR, width=1, dash="dash"), annotation_text="bf16 native")
-    fig.update_xaxes(range=list(x_range))
-    fig.update_yaxes(range=list(y_range), tickvals=[0, 20, 40, 60, 80, 100])
-    top = 70 + 30 * legend_rows(list(dict.fromkeys(families)))
-    fig.update_layout(legend=dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"),
-                      height=PLOT_AREA_PX[1] + top + 70, margin=dict(t=top, b=70),
-                      title=dict(y=1, yref="container", yanchor="top", pad=dict(t=30)))
-    tasks = max((n for _, _, n in averages.values()), default=0)
+    averages = list(ruler_average(rows, length).values())
+    tasks = max((a["tasks"] for a in averages), default=0)
     named = f", {model}" if model else ""
-    return themed(fig, f"RULER average at {length:,} tokens ({tasks} task{'s' * (tasks != 1)}) vs bytes{named}",
-                  "bytes stored per token seen / bf16 (×)", "RULER average (0-100)")
+    return pareto_figure(averages, "score",
+                         title=f"RULER average at {length:,} tokens ({tasks} task{'s' * (tasks != 1)}) vs bytes{named}")
 
 
 def depth_figure(rows: Sequence, metric: str = "kld", model: str | None = None) -> go.Figure:

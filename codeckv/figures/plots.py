@@ -81,36 +81,45 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
-# y metric of the Pareto chart -> (axis title, hover format, smallest cap, values above this are "broken")
+# y metric of the Pareto chart -> (axis title, hover format, smallest cap, values above this are "broken");
+# a loss, lower is better, capped so a broken tier does not flatten the rest
 PARETO_METRICS = {
     "kld": ("KL divergence from native (nats / token)", "KLD %{customdata[1]:.4f} nats", 0.02, 0.5),
     "delta_nll_pct": ("ΔNLL vs native (%)", "ΔNLL %{customdata[1]:.2f} %", 10.0, 50.0),
 }
+# y metrics where higher is better, on a fixed 0-100 axis: RULER's score averaged over tasks (figures/long_context.py)
+PARETO_SCORES = {"score": ("RULER average (0-100)", "RULER average %{customdata[1]:.1f}")}
 
 
 def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | None = None,
                   title: str = "Storage vs quality") -> go.Figure:
-    """Storage vs `metric` ("kld" or "delta_nll_pct") per tier, with the Pareto front. Storage counts every family
+    """Storage vs `metric` per tier, with the Pareto front: a loss of PARETO_METRICS ("kld", "delta_nll_pct"), or a
+    score of PARETO_SCORES ("score": RULER's average, higher is better, on a 0-100 axis). Storage counts every family
     alike (measure/quality.py stored_vs_bf16): per token seen, the tokens kept in the cache's format (bf16 when raw),
     over a bf16 cache; a press sits at the share it keeps.
 
-    Error bars show `<metric>_se` (standard error over windows) when the rows carry it. Points above
-    `y_cap` (default: 1.3 x the largest value below the metric's "broken" level) sit on the top edge as
+    Error bars show `<metric>_se` (standard error over windows or samples) when the rows carry it. For a loss, points
+    above `y_cap` (default: 1.3 x the largest value below the metric's "broken" level) sit on the top edge as
     triangles with their true value in the label, so a broken tier does not flatten the rest. Each family (codecs,
     the engines' formats, presses, presses over codecs, transformers' and llama.cpp's peers: family_of) is a trace of
     its own with its marker and colour, named in the legend.
     """
-    if metric not in PARETO_METRICS:
-        raise ValueError(f"metric={metric!r} (allowed: {', '.join(PARETO_METRICS)})")
-    axis_title, hover, floor, broken = PARETO_METRICS[metric]
+    if metric not in PARETO_METRICS and metric not in PARETO_SCORES:
+        raise ValueError(f"metric={metric!r} (allowed: {', '.join([*PARETO_METRICS, *PARETO_SCORES])})")
+    score = metric in PARETO_SCORES
+    axis_title, hover = PARETO_SCORES[metric] if score else PARETO_METRICS[metric][:2]
     rows = [r for r in _dicts(rows) if _finite(stored_vs_bf16(r)) is not None and _finite(r[metric]) is not None]
     xs = [stored_vs_bf16(r) for r in rows]
     ys = [r[metric] for r in rows]
     errors = [_finite(r.get(f"{metric.removesuffix('_pct')}_se")) for r in rows]
-    if y_cap is None:
+    if score:
+        y_cap = math.inf
+    elif y_cap is None:
+        floor, broken = PARETO_METRICS[metric][2:]
         y_cap = max(floor, 1.3 * max([y + (e or 0.0) for y, e in zip(ys, errors) if y <= broken] or [floor]))
-    front = pareto_front(list(zip(xs, ys)))
+    front = pareto_front([(x, -y if score else y) for x, y in zip(xs, ys)])
     shown = [min(y, y_cap) for y in ys]
+    held = " (%{customdata[0]:,} B)" if all(r.get("archive_bytes") for r in rows) else ""  # llama.cpp's: its own
     fig = go.Figure()
     fig.add_trace(go.Scatter(
         x=[xs[i] for i in front], y=[shown[i] for i in front], mode="lines", name="Pareto front",
@@ -128,11 +137,11 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
                          visible=any(errors[i] is not None for i in members), color="#6b7280", thickness=1.5,
                          width=6),
             marker=_pareto_marker(name, members, front, ys, y_cap),
-            customdata=[[rows[i]["archive_bytes"], ys[i]] for i in members],
-            hovertemplate="%{text}<br>%{x:.3f}× bf16 (%{customdata[0]:,} B)<br>" + hover + "<extra></extra>",
+            customdata=[[rows[i].get("archive_bytes"), ys[i]] for i in members],
+            hovertemplate="%{text}<br>%{x:.3f}× bf16" + held + "<br>" + hover + "<extra></extra>",
         ))
     low = min(shown + [0.0])
-    y_range = (low - 0.08 * (y_cap - low), y_cap * 1.08)
+    y_range = (-8.0, 108.0) if score else (low - 0.08 * (y_cap - low), y_cap * 1.08)
     x_low, x_high = min(xs + [1.0]), max(xs + [1.0])  # the bf16 line is always drawn
     x_range = (x_low - 0.06 * (x_high - x_low), x_high + 0.06 * (x_high - x_low))
     # llama.cpp's rows by their KV type alone ("q4_0"): the legend names the engine, and short labels find room
@@ -143,9 +152,10 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
         ax, ay = offset
         fig.add_annotation(x=xs[i], y=shown[i], text=labels[i], ax=ax, ay=ay, showarrow=True, arrowhead=0,
                            arrowwidth=1, arrowcolor="#9ca3af", font=dict(size=14))
-    fig.add_hline(y=0, line=dict(color=NATIVE_COLOR, width=1))
+    if not score:
+        fig.add_hline(y=0, line=dict(color=NATIVE_COLOR, width=1))
     fig.add_vline(x=1, line=dict(color=NATIVE_COLOR, width=1, dash="dash"), annotation_text="bf16 native")
-    fig.update_yaxes(range=list(y_range))
+    fig.update_yaxes(range=list(y_range), **({"tickvals": [0, 20, 40, 60, 80, 100]} if score else {}))
     fig.update_xaxes(range=list(x_range))
     # the legend's rows sit between the title (pinned 30 px from the top, below the app's plot label) and the plot;
     # the plot area is PLOT_AREA_PX high, the height the labels were placed for
@@ -195,6 +205,16 @@ def _pareto_marker(family: str, members: list[int], front: list[int], ys: list[f
                     symbol=[above if ys[i] > y_cap else symbol for i in members])
     return dict(size=14, symbol=["triangle-up" if ys[i] > y_cap else "circle" for i in members],
                 color=[KEY_COLOR if i in front else NATIVE_COLOR for i in members])
+
+
+def message_figure(title: str, message: str) -> go.Figure:
+    """A chart's place holding a line of text instead: what to run to fill it."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=16, color=NATIVE_COLOR))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return themed(fig, title)
 
 
 def latency_figure(rows: Sequence) -> go.Figure:

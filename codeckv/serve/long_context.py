@@ -3,6 +3,7 @@
     tasks, lengths, samples = ruler_cells(["niah_single_1"], ["4096"], 2)      # refused before a model is touched
     rows = ruler_request(loaded, ["niah_single_1"], ["4096"], 2, ["turbo-4", "snapkv-50"], progress=cb)
     heatmap, bytes_chart, table, csv_path = ruler_views(rows, folder, loaded.info.name)
+    chart = long_context_pareto({"model": loaded.info.name, "rows": rows})   # the Tier sweep's long-context axis
 
 A grid costs a native prefill per sample, task and length (measure/ruler.py): the budget bounds the prompt tokens
 of all of them together (Limits.max_ruler_tokens: 4k x 2 samples x 4 tasks by default, what a 2-vCPU Space runs in
@@ -16,6 +17,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from codeckv.figures import ruler_bytes_figure, ruler_heatmap_figure
+from codeckv.figures.plots import message_figure
 from codeckv.loaded import LoadedModel
 from codeckv.measure.long_tasks import TASK_NAMES
 from codeckv.measure.ruler import as_dicts, ruler_grid, task_line
@@ -59,6 +61,17 @@ def ruler_request(loaded: LoadedModel, tasks, lengths, samples, tiers, progress:
     report = until(limits.deadline(), progress, stop)
     prepared(loaded, tiers, report)
     return as_dicts(ruler_grid(loaded, tiers, tasks, lengths, samples, press_mode=press_mode, progress=report))
+
+
+def long_context_pareto(grid: dict | None) -> go.Figure:
+    """The Tier sweep's Pareto chart on its long-context axis: the RULER average of the Long context tab's last grid
+    (`grid`: {"model": name, "rows": ruler rows}, as run_ruler keeps it) at its longest length, against bytes; until
+    a grid has run, a line saying so."""
+    rows = grid.get("rows") if isinstance(grid, dict) else None
+    if not rows:
+        return message_figure("Storage vs long-context score", "No long-context grid yet: run one in the Long "
+                              "context tab, and its RULER average is this axis")
+    return ruler_bytes_figure(rows, max(int(r["length"]) for r in rows), str(grid.get("model", "")) or None)
 
 
 def ruler_views(rows: list[dict], folder: Path, model: str) -> tuple[go.Figure, go.Figure, dict, str]:

@@ -25,7 +25,6 @@ from codeckv.cache.pca_layer import tokens_before_coder
 from codeckv.cache.saved_format import tier_from_spec
 from codeckv.cache.saved_load import read_header
 from codeckv.figures import inspect_figures, quality_figures, sweep_figures, token_kld_figure
-from codeckv.figures.plots import pareto_figure
 from codeckv.loaded import LoadedModel
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.inspection import inspect_tier
@@ -60,7 +59,8 @@ LONG_TEXT = "long text: KL divergence, top-1, ΔNLL with their spread over windo
 ONE_PROMPT = "one chat prompt: latency, token match, first divergence (a single sample)"
 SOURCES = {"embedded corpus (Python reference)": "corpus", "held-out text (stdlib docstrings)": "docstrings",
            "other domain (King James Bible)": "bible", "pasted text": "pasted", "uploaded file": "file"}
-METRICS = {"KL divergence": "kld", "ΔNLL": "delta_nll_pct"}
+LONG_CONTEXT_AXIS = "long-context score (the Long context tab's last grid)"
+METRICS = {"KL divergence": "kld", "ΔNLL": "delta_nll_pct", LONG_CONTEXT_AXIS: "score"}  # the sweep's quality axis
 NEEDLE_LENGTHS = (512, 1024, 2048, 4096, 8000)
 NEEDLE_DEPTHS = ("0%", "25%", "50%", "75%", "100%")
 MEMORY_CONTEXTS = (512, 1024, 2048, 4096, 8192)
@@ -378,15 +378,6 @@ def inspect_request(loaded: LoadedModel, prompt: str, tier: Tier, layer, head, w
     figures = inspect_figures(view)
     figures["heatmap"] = figures["heatmap_key" if which == "K" else "heatmap_value"]
     return figures, inspect_summary(view, tier.name, layer, head)
-
-
-def sweep_pareto(result, metric) -> go.Figure | None:
-    """The Pareto chart of a finished sweep for a quality axis of METRICS (redrawn, not re-run)."""
-    if result is None or metric not in METRICS:
-        return None
-    if isinstance(result, QualityRun):
-        return quality_figures(result)["pareto_kld" if METRICS[metric] == "kld" else "pareto_nll"]
-    return pareto_figure(result.rows, METRICS[metric], title="Storage vs quality (one reply)")
 
 
 def sweep_token_kld(result, tier) -> go.Figure | None:

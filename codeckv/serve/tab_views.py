@@ -1,6 +1,7 @@
 """What the Tier sweep, Needle and Memory tabs show of a finished request: charts, tables, and the files to download.
 
-    files = sweep_downloads(outcome, model, folder); views = sweep_views(outcome, "kld")
+    files = sweep_downloads(outcome, model, folder); views = sweep_views(outcome, "KL divergence", long_context)
+    chart = sweep_pareto(outcome.result, "ΔNLL")  # redrawn on another quality axis (service.METRICS)
     heatmap, table, csv_path = needle_views(grid, folder)
     held, peak, table, csv_path = memory_views(rows, folder)
 
@@ -11,19 +12,19 @@ tab's views are codeckv/serve/long_context.py's, beside its request.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
-from codeckv.figures import worst_tier
-from codeckv.figures.plots import memory_figure, needle_figure
+from codeckv.figures import quality_figures, worst_tier
+from codeckv.figures.plots import memory_figure, needle_figure, pareto_figure
 from codeckv.measure.needle import NeedleGrid
 from codeckv.measure.needle import as_dicts as needle_dicts
+from codeckv.measure.quality import QualityRun
+from codeckv.measure.sweep import Sweep
 from codeckv.measure.table import write_csv, write_json
 from codeckv.serve.formatting import human_bytes
-
-if TYPE_CHECKING:  # service.py's result type; service does not import this module
-    from codeckv.serve.service import SweepOutcome
+from codeckv.serve.long_context import long_context_pareto
+from codeckv.serve.service import METRICS, SweepOutcome
 
 
 def memory_views(rows: list[dict], folder: Path) -> tuple[go.Figure, go.Figure, dict, str]:
@@ -56,12 +57,29 @@ def sweep_downloads(outcome: SweepOutcome, model: str, folder: Path) -> list[str
             str(write_json({"model": model, **outcome.about, "rows": outcome.rows}, folder / "sweep.json"))]
 
 
-def sweep_views(outcome: SweepOutcome, metric: str) -> dict:
-    """What the Tier sweep tab shows of a finished sweep: the Pareto chart on `metric` ("kld" or
-    "delta_nll_pct"), the one-prompt charts (None on long text), the per-token KLD and the tiers to pick from."""
+def sweep_pareto(result: QualityRun | Sweep | None, metric: str, long_context: dict | None = None) -> go.Figure | None:
+    """The Pareto chart of a finished sweep on a quality axis of METRICS (redrawn, not re-run); on the long-context
+    axis, the Long context tab's last grid (`long_context`, serve/long_context.py), with or without a sweep."""
+    if metric not in METRICS:
+        return None
+    if METRICS[metric] == "score":
+        return long_context_pareto(long_context)
+    if result is None:
+        return None
+    if isinstance(result, QualityRun):
+        return quality_figures(result)["pareto_kld" if METRICS[metric] == "kld" else "pareto_nll"]
+    return pareto_figure(result.rows, METRICS[metric], title="Storage vs quality (one reply)")
+
+
+def sweep_views(outcome: SweepOutcome, metric: str, long_context: dict | None = None) -> dict:
+    """What the Tier sweep tab shows of a finished sweep: the Pareto chart on `metric` (a key of METRICS; on one
+    prompt, KL divergence unless the long-context axis), the one-prompt charts (None on long text), the per-token
+    KLD and the tiers to pick from."""
     prompt_mode = "latency" in outcome.figures
+    if prompt_mode and METRICS.get(metric) != "score":
+        metric = next(name for name, key in METRICS.items() if key == "kld")
     return {
-        "pareto": outcome.figures["pareto_kld" if metric == "kld" or prompt_mode else "pareto_nll"],
+        "pareto": sweep_pareto(outcome.result, metric, long_context),
         "prompt_mode": prompt_mode,
         "latency": outcome.figures.get("latency"),
         "token_match": outcome.figures.get("token_match"),

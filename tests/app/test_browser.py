@@ -2,7 +2,7 @@
 
 Types a question and sees both panels fill (printing the time to the first streamed token), asks about
 an embedded long document from the examples row, opens every tab, runs a long-text sweep and a small RULER grid
-(the Long context tab) and saves
+(the Long context tab), then charts its score on the Tier sweep's quality axis, and saves
 screenshots to assets/screenshots/ (the README shows them), checking that no figure in them has a clipped or
 overlapping title, legend or label (tests/figure_layout.py).
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from codeckv.measure.peers import PEER_NAMES
+from codeckv.serve.service import LONG_CONTEXT_AXIS
 from codeckv.tiers import TIERS
 from tests.figure_layout import CHROMIUM, FLAGS, figure_layout_problems
 
@@ -131,3 +132,12 @@ def test_long_context_tab_runs_a_small_ruler_grid(page):
     assert "niah_single_1" in table and "snapkv-50" in table, f"table: {table!r}; the page said: {said}"
     assert page.locator(".js-plotly-plot").count() >= 2, "the RULER charts did not render"
     assert figure_layout_problems(page) == []
+    # the Tier sweep's quality axis can be this grid's score: no sweep needed, nothing re-run
+    page.get_by_role("tab", name="Tier sweep").click()
+    page.locator("#sweep-axis").get_by_label(LONG_CONTEXT_AXIS, exact=True).check()
+    title, deadline = "", time.time() + 60
+    while "RULER average" not in title and time.time() < deadline:
+        page.wait_for_timeout(500)
+        titles = page.locator("#sweep-pareto .gtitle")
+        title = titles.first.text_content() if titles.count() else ""
+    assert title.startswith("RULER average at 1,024 tokens"), f"the sweep's chart is titled {title!r}"

@@ -210,6 +210,7 @@ def test_long_text_sweep_reports_spread_and_files():
     assert [p.rsplit(".", 1)[-1] for p in files] == ["csv", "json"]
     assert choice["choices"] == ["png", "int8"]
     assert app.sweep_pareto(result, "ΔNLL").layout.yaxis.title.text == "ΔNLL vs native (%)"
+    assert app.sweep_pareto(result, "PSNR") is None, "an axis that is not offered draws nothing"
 
 
 def test_one_prompt_sweep_and_pasted_text_sweep():
@@ -367,11 +368,19 @@ def test_a_pca_turn_waits_for_its_calibration_only_when_its_cache_may_archive(lo
 
 
 def test_long_context_tab_runs_a_small_ruler_grid():
-    heatmap, chart, table, path = app.run_ruler(["niah_single_1"], [1024], 1, ["turbo-4", "snapkv-50"],
-                                                "smollm2-135m", progress=lambda *a, **k: None)
+    heatmap, chart, table, path, grid = app.run_ruler(["niah_single_1"], [1024], 1, ["turbo-4", "snapkv-50"],
+                                                      "smollm2-135m", progress=lambda *a, **k: None)
     assert [row[3] for row in table["data"]] == ["turbo-4", "snapkv-50", "native"]
     assert table["data"][-1][5] == 100.0, "the embedded model finds one number in 1k tokens of noise"
     assert len(heatmap.data) == 1 and len(chart.data) >= 2 and path.endswith("ruler.csv")
+    # the grid kept for the Tier sweep: its long-context quality axis charts these scores, sweep or no sweep
+    assert grid["model"] == "smollm2-135m" and [r["tier"] for r in grid["rows"]] == ["turbo-4", "snapkv-50", "native"]
+    pareto = app.sweep_pareto(None, service.LONG_CONTEXT_AXIS, grid)
+    points = {name: y for trace in pareto.data if trace.mode == "markers" for name, y in zip(trace.text, trace.y)}
+    assert points == {r["tier"]: r["score"] for r in grid["rows"]}
+    assert pareto.layout.yaxis.title.text == "RULER average (0-100)" and "smollm2-135m" in pareto.layout.title.text
+    empty = app.sweep_pareto(None, service.LONG_CONTEXT_AXIS, None)
+    assert "run one in the Long context tab" in empty.layout.annotations[0].text and not empty.data
     with pytest.raises(gr.Error, match="at least one task"):
         app.run_ruler([], [1024], 1, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
     with pytest.raises(gr.Error, match="length='100' is not a choice"):

@@ -189,10 +189,33 @@ def test_the_long_context_figures_draw_every_tier_measured():
     assert list(heatmap.data[0].z[1]) == [90.0, 90.0]
     chart = ruler_bytes_figure(rows, 4096, "smollm2-135m")
     assert chart.layout.title.text.endswith("vs bytes, smollm2-135m")
-    by_name = {name: (x, y) for trace in chart.data for name, x, y in zip(trace.text, trace.x, trace.y)}
+    by_name = {name: (x, y) for trace in chart.data if trace.mode == "markers"
+               for name, x, y in zip(trace.text, trace.x, trace.y)}
     assert by_name == {"native": (1.0, 100.0), "turbo-4": (0.297, 90.0), "snapkv-50": (0.5, 0.0)}
+    front = next(trace for trace in chart.data if trace.name == "Pareto front")
+    assert list(front.x) == [0.297, 1.0], "a score's front: higher is better (snapkv-50 stores more, scores less)"
     depth_rows = [{"tier": tier, "prefix_tokens": depth, "kld": kld, "kld_se": 0.001}
                   for tier, kld in (("native", 0.0), ("turbo-4", 0.005)) for depth in (1024, 4096)]
     depth = depth_figure(depth_rows, model="smollm2-135m")
     assert [trace.name for trace in depth.data] == ["turbo-4"] and list(depth.data[0].x) == [1024, 4096]
     assert depth.layout.title.text.endswith("after a compressed context, smollm2-135m")
+
+
+def test_the_ruler_average_carries_its_standard_error_over_tasks():
+    from codeckv.figures.long_context import ruler_average
+
+    rows = [{"task": task, "length": 4096, "tier": tier, "score": score, "score_se": se, "stored_vs_bf16": 0.3,
+             "held_bytes": held}
+            for task, se in (("vt", 3.0), ("cwe", 4.0))
+            for tier, score, held in (("native", 80.0, 1000), ("turbo-4", 60.0, 300))]
+    rows.append({"task": "vt", "length": 4096, "tier": "int8", "score": 50.0, "score_se": 1.0,
+                 "stored_vs_bf16": 0.56, "held_bytes": 560})  # one task of two: no average that compares
+    averages = ruler_average(rows, 4096)
+    assert set(averages) == {"native", "turbo-4"}
+    assert averages["turbo-4"]["score"] == 60.0 and averages["turbo-4"]["archive_bytes"] == 300
+    assert averages["turbo-4"]["score_se"] == pytest.approx(2.5), "sqrt(3^2 + 4^2) / 2 tasks"
+    chart = plots.pareto_figure(list(averages.values()), "score")
+    bars = {name: err for trace in chart.data if trace.mode == "markers"
+            for name, err in zip(trace.text, trace.error_y.array)}
+    assert bars == {"native": pytest.approx(2.5), "turbo-4": pytest.approx(2.5)}
+    assert list(chart.layout.yaxis.range) == [-8.0, 108.0], "a score keeps its 0-100 axis"
