@@ -20,7 +20,7 @@ import torch
 
 from codeckv.codecs.layout import Codec, Encoded, RowLayout
 
-from .codes_cpu import codes_scores, codes_supported, codes_weighted
+from .codes_cpu import codes_scores, codes_supported, codes_weighted, float8_supported
 from .layout import basis, layout_of, levels, rotation, tensors
 
 _CODE_TABLE_INDEX_BITS = {2: 8, 4: 8, 8: 8, 3: 12}  # bits of stored code stream read per table lookup
@@ -91,8 +91,9 @@ SCRATCH = Scratch()
 
 
 class CodedSide:
-    """One side (keys or values) of a coded segment, read as float32 rows a piece at a time, or, for 4-bit
-    codes on the CPU with few query rows, multiplied on its codes by the compiled kernel (codes_cpu)."""
+    """One side (keys or values) of a coded segment, read as float32 rows a piece at a time, or, for integer or
+    codebook codes or 8-bit float rows on the CPU with few query rows, multiplied on its codes by the compiled
+    kernel (codes_cpu)."""
 
     def __init__(self, codec: Codec, enc: Encoded, head_dim: int, device: torch.device, query_rows: int) -> None:
         self.layout: RowLayout = cached_layout(codec)
@@ -106,8 +107,9 @@ class CodedSide:
         self.perm = None  # channel of each row column when planar, else None
         self.compiled = (  # the products run on the codes (rows() is never called); channels stay in order
             device.type == "cpu" and self.layout.block == 1 and self.layout.k == 1
-            and codes_supported(spec, head_dim, query_rows) and self.scale is not None
-            and self.scale.dtype == torch.float16 and (not spec.per_channel or self.unit % spec.group == 0)
+            and ((codes_supported(spec, head_dim, query_rows) and self.scale is not None
+                  and self.scale.dtype == torch.float16 and (not spec.per_channel or self.unit % spec.group == 0))
+                 or (spec is None and float8_supported(self.data.dtype, head_dim, query_rows)))  # FP8 rows at scale 1
         )
         if not self.compiled and spec is not None and _planar(spec):
             self.planes = 8 // spec.bits
@@ -134,7 +136,10 @@ class CodedSide:
         return 0.0 if self.compiled else self.layout.k / self.layout.block
 
     def _codes(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Codes, float16 scales and offsets (or None) of tokens [start, stop) (start: a multiple of a group)."""
+        """Codes, float16 scales and offsets (or None) of tokens [start, stop) (start: a multiple of a group);
+        rows of 8-bit floats alone (no spec)."""
+        if self.spec is None:
+            return self.data[:, :, start:stop], None, None
         group = self.spec.group
         span = slice(start // group, -(-stop // group)) if self.spec.per_channel else slice(start, stop)
         offset = None if self.offset is None else self.offset[:, :, span]

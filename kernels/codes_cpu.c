@@ -78,14 +78,16 @@ int codes_vectorized(void) {
 /* 1 when the kernel does not take this call (kernels/codes_cpu.py's codes_supported says which it takes). */
 int refused(const CodesCall *c) {
     int bits_ok = c->bits == 2 || c->bits == 3 || c->bits == 4 || c->bits == 8;
-    return !bits_ok || (c->level && c->bits > 4) || c->dim % 16 || c->dim > MAX_DIM || c->nrows > MAX_ROWS ||
-           c->group < 1 || (!c->per_channel && c->group % 8);
+    int float8_ok = !c->float8 || ((c->float8 == FLOAT8_E4M3 || c->float8 == FLOAT8_E5M2) && c->bits == 8 &&
+                                   !c->scale && !c->offset && !c->level && !c->per_channel);
+    return !bits_ok || !float8_ok || (!c->float8 && !c->scale) || (c->level && c->bits > 4) || c->dim % 16 ||
+           c->dim > MAX_DIM || c->nrows > MAX_ROWS || c->group < 1 || (!c->per_channel && c->group % 8);
 }
 
 /* The side a call reads. */
 Side side_of(const CodesCall *c) {
     Side s = {c->codes, c->scale, c->offset, c->level, c->codes_b, c->codes_h, c->codes_t, c->scale_b, c->scale_h,
-              c->scale_t, c->bits, c->group, c->per_channel, c->level == NULL, c->dim};
+              c->scale_t, c->bits, c->group, c->per_channel, c->level == NULL, c->dim, c->float8};
     return s;
 }
 
@@ -93,7 +95,7 @@ Side side_of(const CodesCall *c) {
 void head_scores(const Side *s, int64_t b, int64_t h, const float *q, int64_t q_r, int64_t rows,
                  int64_t tokens, float *out, int64_t stride) {
     const uint8_t *ch = s->codes + b * s->codes_b + h * s->codes_h;
-    const uint16_t *sh = s->scale + b * s->scale_b + h * s->scale_h;
+    const uint16_t *sh = s->scale ? s->scale + b * s->scale_b + h * s->scale_h : NULL;
     scores_loop(s, ch, sh, q, q_r, rows, tokens, out, stride);
     if (s->offset) add_score_offsets(s, s->offset + b * s->scale_b + h * s->scale_h, q, q_r, rows, tokens, out, stride);
 }
@@ -102,7 +104,7 @@ void head_scores(const Side *s, int64_t b, int64_t h, const float *q, int64_t q_
 void head_weighted(const Side *s, int64_t b, int64_t h, const float *w, int64_t w_r, int64_t rows,
                    int64_t tokens, float *acc) {
     const uint8_t *ch = s->codes + b * s->codes_b + h * s->codes_h;
-    const uint16_t *sh = s->scale + b * s->scale_b + h * s->scale_h;
+    const uint16_t *sh = s->scale ? s->scale + b * s->scale_b + h * s->scale_h : NULL;
     memset(acc, 0, sizeof(float) * rows * s->dim);
     weighted_loop(s, ch, sh, w, w_r, rows, tokens, acc);
     if (s->offset) add_weighted_offsets(s, s->offset + b * s->scale_b + h * s->scale_h, w, w_r, rows, tokens, acc);

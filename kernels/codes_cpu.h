@@ -6,14 +6,17 @@
    field c at bits [c b, (c + 1) b)), level a table (the integers for integer codes, a Lloyd-Max codebook of
    2^b levels, b <= 4, otherwise) and scale(t, c) a float16 either per channel over `group` tokens
    (scale[t / group, c]) or per token over `group` channels (scale[t, c / group]); an offset (integer codes'
-   zero) is a float16 laid out as the scale. Three entry points:
+   zero) is a float16 laid out as the scale. Or a side stores 8-bit floats, x[t, c] = the float of byte (t, c),
+   FP8 E4M3 or E5M2 (`float8`), with no scale and no offset: the FP8 tiers' rows under their static scale of 1.
+   Three entry points:
 
        codes_scores    out[b, h, r, t] = sum_c q[b, h, r, c] * x[t, c]      (R query rows against n tokens)
        codes_weighted  out[b, h, r, c] = sum_t w[b, h, r, t] * x[t, c]      (R weight rows over n tokens)
        codes_decode    a whole decode step: softmax(q . [x, raw keys]) @ [x, raw values], no mask
 
    A token's codes become levels in registers (AVX2: eight channels at a time, their fields shifted into
-   eight lanes and converted, or looked up in the levels held in one or two registers) and are used there
+   eight lanes and converted, or looked up in the levels held in one or two registers; 8-bit floats widened
+   to float16 bits and converted by F16C) and are used there
    by up to ROW_BLOCK rows of its KV head at once, so the memory read per token and side is its D b / 8
    bytes of codes, not 4 D bytes of float rows. The scores keep a token's sums in a vector until TOKEN_BLOCK
    tokens are done and reduce them together; per-channel scales are folded into the queries once per group.
@@ -52,7 +55,11 @@ typedef struct {
     const float *level;     /* (2^b,) levels, b <= 4; unused for integer codes */
     int64_t codes_b, codes_h, codes_t, scale_b, scale_h, scale_t;
     int64_t bits, group, per_channel, integer_levels, dim;
+    int64_t float8;         /* FLOAT8_E4M3 or FLOAT8_E5M2: bytes that are 8-bit floats (scale NULL); else 0 */
 } Side;
+
+#define FLOAT8_E4M3 1 /* float8_e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits */
+#define FLOAT8_E5M2 2 /* float8_e5m2: sign, 5 exponent bits (bias 15), 2 mantissa bits: float16's upper byte */
 
 INLINE float half_to_float(uint16_t h) {
 #ifdef CODES_AVX2
@@ -79,6 +86,18 @@ INLINE float half_to_float(uint16_t h) {
 #endif
 }
 
+/* The float16 bits of an 8-bit float (exact: float16 holds every e4m3 and e5m2 value, e4m3's times 2^-8, its
+   exponent field moved into float16's wider one with the same bits; E4M3_UNBIAS scales it back). */
+#define E4M3_UNBIAS 256.0f
+INLINE uint16_t float8_half(uint32_t byte, int64_t format) {
+    if (format == FLOAT8_E5M2) return (uint16_t)(byte << 8);
+    return (uint16_t)(((byte & 0x80) << 8) | ((byte & 0x7F) << 7));
+}
+
+INLINE float float8_value(uint32_t byte, int64_t format) {
+    return half_to_float(float8_half(byte, format)) * (format == FLOAT8_E4M3 ? E4M3_UNBIAS : 1.0f);
+}
+
 /* The float16 values of one row of scales (or offsets) as floats. */
 INLINE void halves(const uint16_t *row, int64_t n, float *out) {
     for (int64_t i = 0; i < n; i++) out[i] = half_to_float(row[i]);
@@ -88,6 +107,10 @@ INLINE void halves(const uint16_t *row, int64_t n, float *out) {
    `next` being the next group's first token); per token, one per 8-channel chunk. */
 INLINE int token_scales(const Side *s, const uint16_t *scale, int64_t t, int64_t *next, float *channel_scale,
                         float *chunk_scale) {
+    if (s->float8) { /* no scale: 1 */
+        for (int64_t c = 0; c < s->dim / 8; c++) chunk_scale[c] = 1.0f;
+        return 0;
+    }
     if (s->per_channel) {
         if (t != *next) return 0;
         halves(scale + t / s->group * s->scale_t, s->dim, channel_scale);
@@ -119,6 +142,7 @@ typedef struct {
     int64_t bits, group, per_channel;
     float *out;             /* (B, H, R, n) scores or (B, H, R, D) weighted sums, contiguous */
     int64_t batch, heads, nrows, tokens, dim;
+    int64_t float8;         /* Side's: 8-bit floats (bits 8, scale, offset and level NULL, per token), or 0 */
 } CodesCall;
 
 /* Defined in codes_cpu.c. */

@@ -1,13 +1,15 @@
 """codes_cpu: the compiled CPU kernel for attention on stored integer codes (codes_cpu.c), its launcher and checks.
 
     codes_supported(spec, head_dim, rows)     # True when the kernel takes this side for `rows` query rows
+    float8_supported(dtype, head_dim, rows)   # the same for rows of 8-bit floats (an FP8 tier at scale 1)
     scores = codes_scores(q, codes, scale, spec, offset)   # (B, H, R, n) float32; spec: the side's QuantRows
     out = codes_weighted(w, codes, scale, spec, offset)    # (B, H, R, D) float32; offset: None or as the scale
     out = codes_decode(q, q_raw, keys, values, raw, out_map)   # a whole decode step, no mask
     codes_status()                            # "compiled C (AVX2, ...)", or why the torch path runs instead
 
 It reads 2-, 3-, 4- and 8-bit integer codes and 2- to 4-bit Lloyd-Max codes, scaled per channel or per
-token (turbo-4, turbo-3, rotated-4, int8, turbo-k4v2: every tier without a DCT). The torch reference is
+token (turbo-4, turbo-3, rotated-4, int8, turbo-k4v2: every tier without a DCT), and rows of 8-bit floats
+without a scale (fp8-e4m3, fp8-e5m2: pass the float8 tensor as the codes, scale and spec None). The torch reference is
 decode_attention_torch's row path (rows() then a matmul): the same numbers up to float32 summation order
 (tests/kernels/test_codes_cpu.py). On the CPU a decode step is memory-bound: the torch path writes and
 reads 4 D bytes of float32 rows per token and side, this kernel reads the D b / 8 bytes of b-bit codes
@@ -52,7 +54,7 @@ class _Call(ctypes.Structure):
         for name in (
             "rows", "rows_b", "rows_h", "rows_r", "codes", "scale", "offset", "level",
             "codes_b", "codes_h", "codes_t", "scale_b", "scale_h", "scale_t",
-            "bits", "group", "per_channel", "out", "batch", "heads", "nrows", "tokens", "dim",
+            "bits", "group", "per_channel", "out", "batch", "heads", "nrows", "tokens", "dim", "float8",
         )
     ]
 
@@ -103,6 +105,7 @@ def codes_status() -> str:
 
 
 BITS = (2, 3, 4, 8)  # integer codes the kernel reads; Lloyd-Max levels up to 4 bits
+FLOAT8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # 8-bit float rows it reads: FLOAT8_E4M3, FLOAT8_E5M2
 
 
 def codes_supported(spec: QuantRows | None, head_dim: int, rows: int) -> bool:
@@ -115,7 +118,22 @@ def codes_supported(spec: QuantRows | None, head_dim: int, rows: int) -> bool:
     return _library()[0] is not None
 
 
-def _checked(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, spec: QuantRows):
+def float8_supported(dtype: torch.dtype, head_dim: int, rows: int) -> bool:
+    """True for rows of 8-bit floats (FLOAT8) the kernel reads unscaled, as codes_supported's other bounds."""
+    if dtype not in FLOAT8 or head_dim % 16 or head_dim > MAX_DIM or rows > MAX_ROWS:
+        return False
+    return _library()[0] is not None
+
+
+def _checked(codes: torch.Tensor, scale: torch.Tensor | None, offset: torch.Tensor | None, spec: QuantRows | None):
+    if spec is None:  # rows of 8-bit floats, read as their bytes
+        if codes.dtype not in FLOAT8 or scale is not None or offset is not None:
+            raise ValueError(f"codes_cpu: rows without a spec must be 8-bit floats ({', '.join(map(str, FLOAT8))}) "
+                             f"without scale or offset, not {codes.dtype}")
+        if codes.device.type != "cpu":
+            raise ValueError(f"codes_cpu: CPU tensors expected, not {codes.device}")
+        codes = codes if codes.stride(-1) == 1 else codes.contiguous()
+        return codes.view(torch.uint8), None, None, tuple(codes.shape)
     b, h, n, m = codes.shape
     d, group = m * 8 // spec.bits, spec.group
     want = (b, h, -(-n // group), d) if spec.per_channel else (b, h, n, d // group)
@@ -134,17 +152,21 @@ def _checked(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | No
     return codes, scale, offset, (b, h, n, d)
 
 
-def _side_call(rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
-               spec: QuantRows, out: torch.Tensor | None) -> tuple[_Call, tuple]:
-    """The _Call of one side, and the tensors it points into (kept alive by the caller until the call returns)."""
+def _side_call(rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor | None, offset: torch.Tensor | None,
+               spec: QuantRows | None, out: torch.Tensor | None) -> tuple[_Call, tuple]:
+    """The _Call of one side, and the tensors it points into (kept alive by the caller until the call returns);
+    spec None: rows of 8-bit floats (FLOAT8), one group per row, no scale."""
+    float8 = FLOAT8[codes.dtype] if spec is None and codes.dtype in FLOAT8 else 0
     codes, scale, offset, (b, h, n, d) = _checked(codes, scale, offset, spec)
     if rows_in.dtype != torch.float32 or rows_in.stride(-1) != 1:
         rows_in = rows_in.float().contiguous()
+    bits, group, per_channel = (8, d, False) if spec is None else (spec.bits, spec.group, spec.per_channel)
     call = _Call(
-        rows_in.data_ptr(), *rows_in.stride()[:3], codes.data_ptr(), scale.data_ptr(),
-        None if offset is None else offset.data_ptr(), levels(spec, "cpu").data_ptr() if spec.lloyd_max else None,
-        *codes.stride()[:3], *scale.stride()[:3], spec.bits, spec.group, spec.per_channel,
-        None if out is None else out.data_ptr(), b, h, rows_in.shape[2], n, d,
+        rows_in.data_ptr(), *rows_in.stride()[:3], codes.data_ptr(), None if scale is None else scale.data_ptr(),
+        None if offset is None else offset.data_ptr(),
+        levels(spec, "cpu").data_ptr() if spec is not None and spec.lloyd_max else None,
+        *codes.stride()[:3], *((0, 0, 0) if scale is None else scale.stride()[:3]), bits, group, per_channel,
+        None if out is None else out.data_ptr(), b, h, rows_in.shape[2], n, d, float8,
     )
     return call, (rows_in, codes, scale, offset)
 
@@ -156,28 +178,31 @@ def _kernel() -> ctypes.CDLL:
     return lib
 
 
-def _call(name: str, rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
-          spec: QuantRows, last: str):
+def _call(name: str, rows_in: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor | None,
+          offset: torch.Tensor | None, spec: QuantRows | None, last: str):
     lib = _kernel()
     b, h, n, m = codes.shape
-    d = m * 8 // spec.bits
+    d = m if spec is None else m * 8 // spec.bits
     out = torch.empty(b, h, rows_in.shape[2], n if last == "tokens" else d, dtype=torch.float32)
     call, _alive = _side_call(rows_in, codes, scale, offset, spec, out)
     if getattr(lib, name)(ctypes.byref(call)) != 0:
-        raise ValueError(f"codes_cpu: {name} refused {spec.bits}-bit codes, head_dim {d}, {rows_in.shape[2]} rows, "
-                         f"group {spec.group} (see codes_supported)")
+        kind = f"{codes.dtype} rows" if spec is None else f"{spec.bits}-bit codes, group {spec.group}"
+        raise ValueError(f"codes_cpu: {name} refused {kind}, head_dim {d}, {rows_in.shape[2]} rows "
+                         "(see codes_supported, float8_supported)")
     return out
 
 
-def codes_scores(q: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows,
+def codes_scores(q: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor | None, spec: QuantRows | None,
                  offset: torch.Tensor | None = None) -> torch.Tensor:
-    """q (B, H, R, D) . (level[code] * scale + offset) of every token: (B, H, R, n) float32 (module docstring)."""
+    """q (B, H, R, D) . (level[code] * scale + offset) of every token: (B, H, R, n) float32 (module docstring);
+    spec None: codes are rows of 8-bit floats, scale and offset None."""
     return _call("codes_scores", q, codes, scale, offset, spec, "tokens")
 
 
-def codes_weighted(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spec: QuantRows,
+def codes_weighted(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor | None, spec: QuantRows | None,
                    offset: torch.Tensor | None = None) -> torch.Tensor:
-    """w (B, H, R, n) @ (level[code] * scale + offset): (B, H, R, D) float32 (module docstring)."""
+    """w (B, H, R, n) @ (level[code] * scale + offset): (B, H, R, D) float32 (module docstring); spec None as
+    codes_scores'."""
     return _call("codes_weighted", w, codes, scale, offset, spec, "channels")
 
 
@@ -186,7 +211,8 @@ def codes_decode(q: torch.Tensor, q_raw: torch.Tensor, keys: tuple, values: tupl
     """A whole decode step's attention, no mask: softmax(q . [coded keys, raw keys]) @ [coded values, raw values].
 
     q (B, H, R, D): the scaled queries in the keys' rows' domain; q_raw: the same in the tokens' domain.
-    keys, values: (codes, scale, offset or None, spec) of the coded span; raw: up to MAX_RAW (keys, values)
+    keys, values: (codes, scale, offset or None, spec) of the coded span (8-bit float rows: (rows, None, None,
+    None)); raw: up to MAX_RAW (keys, values)
     spans (B, H, n, D); out_map (D, D): value rows -> tokens' channels (a rotation's Q.T), or None.
     Returns (B, H, R, D) float32.
     """

@@ -19,9 +19,21 @@ INLINE Unpack unpack_of(const Side *s) {
     return u;
 }
 
-/* Channels j..j+7 of a token's row as 8 unscaled levels (j a multiple of 8); `bits` and `lut` (a codebook,
-   not integer codes) are constants in every copy the callers make, so no test of them runs per chunk. */
+/* `lut` of an 8-bit float side: its bytes widened to float16 bits and converted, no table, no scale. */
+#define LUT_E4M3 2
+#define LUT_E5M2 3
+
+/* Channels j..j+7 of a token's row as 8 unscaled levels (j a multiple of 8); `bits` and `lut` (0 integer codes,
+   1 a codebook, LUT_E4M3 / LUT_E5M2 8-bit floats) are constants in every copy the callers make, so no test of
+   them runs per chunk. */
 INLINE __m256 chunk_levels(const Unpack *u, const uint8_t *row, int64_t j, const int bits, const int lut) {
+    if (lut >= LUT_E4M3) { /* float8_half, eight lanes at once */
+        __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(row + j)));
+        if (lut == LUT_E5M2) return _mm256_cvtph_ps(_mm_slli_epi16(bytes, 8));
+        __m128i half = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x80)), 8),
+                                    _mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x7F)), 7));
+        return _mm256_mul_ps(_mm256_cvtph_ps(half), _mm256_set1_ps(E4M3_UNBIAS));
+    }
     __m256i idx;
     if (bits == 8) {
         idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + j)));
@@ -65,7 +77,7 @@ INLINE void scores_block(const Side *s, const uint8_t *ch, const uint16_t *sh, c
     for (int r = 0; r < nr; r++) qr[r] = s->per_channel ? scaled_q + r * s->dim : q + r * q_r;
     int64_t next = 0;
     for (int64_t t = 0; t < tokens; t++) {
-        if (token_scales(s, sh, t, &next, channel_scale, chunk_scale)) /* fold the group's scales into q */
+        if (lut < LUT_E4M3 && token_scales(s, sh, t, &next, channel_scale, chunk_scale)) /* fold them into q */
             for (int r = 0; r < nr; r++)
                 for (int64_t c = 0; c < s->dim; c++) scaled_q[r * s->dim + c] = q[r * q_r + c] * channel_scale[c];
         const uint8_t *row = ch + t * s->codes_t;
@@ -73,7 +85,7 @@ INLINE void scores_block(const Side *s, const uint8_t *ch, const uint16_t *sh, c
         for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
         for (int64_t j = 0; j < s->dim; j += 8) {
             __m256 x = chunk_levels(&u, row, j, bits, lut);
-            if (!s->per_channel) x = _mm256_mul_ps(x, _mm256_broadcast_ss(chunk_scale + j / 8));
+            if (lut < LUT_E4M3 && !s->per_channel) x = _mm256_mul_ps(x, _mm256_broadcast_ss(chunk_scale + j / 8));
             for (int r = 0; r < nr; r++) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qr[r] + j), x, acc[r]);
         }
         int64_t slot = t % TOKEN_BLOCK;
@@ -87,7 +99,9 @@ INLINE void scores_block(const Side *s, const uint8_t *ch, const uint16_t *sh, c
 
 /* One copy of `body(bits, lut)` per kind of codes, so that each has its constants (chunk_levels). */
 #define PER_KIND(body)                                                                                            \
-    switch (s->bits * 2 + !s->integer_levels) {                                                                   \
+    switch (s->float8 ? 100 + (int)s->float8 : (int)(s->bits * 2 + !s->integer_levels)) {                         \
+    case 100 + FLOAT8_E4M3: body(8, LUT_E4M3); break;                                                             \
+    case 100 + FLOAT8_E5M2: body(8, LUT_E5M2); break;                                                             \
     case 4: body(2, 0); break;                                                                                    \
     case 5: body(2, 1); break;                                                                                    \
     case 6: body(3, 0); break;                                                                                    \
@@ -121,6 +135,8 @@ void scores_loop(const Side *s, const uint8_t *ch, const uint16_t *sh, const flo
 #define SCORES_ROWS_4_0(nr) SCORES_ROWS(nr, 4, 0)
 #define SCORES_ROWS_4_1(nr) SCORES_ROWS(nr, 4, 1)
 #define SCORES_ROWS_8_0(nr) SCORES_ROWS(nr, 8, 0)
+#define SCORES_ROWS_8_LUT_E4M3(nr) SCORES_ROWS(nr, 8, LUT_E4M3)
+#define SCORES_ROWS_8_LUT_E5M2(nr) SCORES_ROWS(nr, 8, LUT_E5M2)
         PER_KIND(SCORES)
     }
 }
@@ -132,9 +148,10 @@ INLINE void weighted_block(const Side *s, const uint8_t *ch, const uint16_t *sh,
     for (int64_t j = 0; j < s->dim; j += 16) {
         __m256 sum_a[ROW_BLOCK], sum_b[ROW_BLOCK], scale_a = _mm256_setzero_ps(), scale_b = scale_a;
         for (int r = 0; r < nr; r++) sum_a[r] = sum_b[r] = _mm256_setzero_ps();
-        const uint16_t *scale_ga = sh + j / s->group, *scale_gb = sh + (j + 8) / s->group; /* per token */
+        const uint16_t *scale_ga = sh ? sh + j / s->group : NULL, *scale_gb = sh ? sh + (j + 8) / s->group : NULL;
         for (int64_t t = 0; t < tokens; t++) {
-            if (s->per_channel && t % s->group == 0) { /* these 16 channels' scales of the token group */
+            if (lut >= LUT_E4M3) { /* 8-bit floats: no scale */
+            } else if (s->per_channel && t % s->group == 0) { /* these 16 channels' scales of the token group */
                 float lanes[16];
                 halves(sh + t / s->group * s->scale_t + j, 16, lanes);
                 scale_a = _mm256_loadu_ps(lanes);
@@ -144,8 +161,11 @@ INLINE void weighted_block(const Side *s, const uint8_t *ch, const uint16_t *sh,
                 scale_b = _mm256_set1_ps(half_to_float(scale_gb[t * s->scale_t]));
             }
             const uint8_t *row = ch + t * s->codes_t;
-            __m256 a = _mm256_mul_ps(chunk_levels(&u, row, j, bits, lut), scale_a);
-            __m256 b = _mm256_mul_ps(chunk_levels(&u, row, j + 8, bits, lut), scale_b);
+            __m256 a = chunk_levels(&u, row, j, bits, lut), b = chunk_levels(&u, row, j + 8, bits, lut);
+            if (lut < LUT_E4M3) {
+                a = _mm256_mul_ps(a, scale_a);
+                b = _mm256_mul_ps(b, scale_b);
+            }
             for (int r = 0; r < nr; r++) {
                 __m256 wt = _mm256_broadcast_ss(wh + r * w_r + t);
                 sum_a[r] = _mm256_fmadd_ps(wt, a, sum_a[r]);
@@ -174,6 +194,8 @@ void weighted_loop(const Side *s, const uint8_t *ch, const uint16_t *sh, const f
 #define WEIGHTED_ROWS_4_0(nr) WEIGHTED_ROWS(nr, 4, 0)
 #define WEIGHTED_ROWS_4_1(nr) WEIGHTED_ROWS(nr, 4, 1)
 #define WEIGHTED_ROWS_8_0(nr) WEIGHTED_ROWS(nr, 8, 0)
+#define WEIGHTED_ROWS_8_LUT_E4M3(nr) WEIGHTED_ROWS(nr, 8, LUT_E4M3)
+#define WEIGHTED_ROWS_8_LUT_E5M2(nr) WEIGHTED_ROWS(nr, 8, LUT_E5M2)
         PER_KIND(WEIGHTED)
     }
 }

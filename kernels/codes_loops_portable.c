@@ -16,7 +16,7 @@ static void token_values(const Side *s, const uint8_t *codes, const float *chann
                          float *x) {
     for (int64_t c = 0; c < s->dim; c++) {
         uint32_t code = field(codes, c, s->bits);
-        float level = s->integer_levels ? (float)code : s->level[code];
+        float level = s->float8 ? float8_value(code, s->float8) : s->integer_levels ? (float)code : s->level[code];
         x[c] = level * (s->per_channel ? channel_scale[c] : chunk_scale[c / 8]);
     }
 }

@@ -20,7 +20,7 @@ import torch
 
 from codeckv.codecs.layout import Codec, Encoded, NoRowLayout, RowLayout
 
-from .codes_cpu import codes_status
+from .codes_cpu import FLOAT8, MAX_DIM, codes_status
 from .dct_decode import dct_decode_ref, dct_decode_supported, dct_decode_triton
 from .dct_encode import dct_encode_ref, dct_encode_supported, dct_encode_triton
 from .decode_attention import decode_attention_ref, decode_attention_supported, decode_attention_triton
@@ -128,8 +128,10 @@ def _why_not_compiled(codec: Codec, head_dim: int) -> str:
     if layout.block > 1:
         return "the compiled kernel reads no DCT coefficients"
     spec = layout.quant
+    if spec is None and layout.rows.dtype in FLOAT8:
+        return f"8-bit float rows at head_dim {head_dim} (the compiled kernel takes multiples of 16 up to {MAX_DIM})"
     if spec is None:
-        return "raw rows"
+        return "raw rows that are not 8-bit floats"
     return f"the compiled kernel does not read {'Lloyd-Max ' if spec.lloyd_max else ''}{spec.bits}-bit codes at " \
            f"head_dim {head_dim} in groups of {spec.group}"
 

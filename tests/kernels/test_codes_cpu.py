@@ -23,6 +23,7 @@ from kernels.codes_cpu import (
     codes_status,
     codes_supported,
     codes_weighted,
+    float8_supported,
 )
 from kernels.decode_attention import decode_attention_ref
 from kernels.decode_attention_torch import decode_attention_torch, decode_attention_torch_compiled
@@ -169,6 +170,41 @@ def test_a_whole_step_falls_back_where_it_does_not_apply(kernel):
         codes_decode(q, q, (), (), [(raw.keys, raw.values)] * 5, None)
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_rows_of_8_bit_floats_read_exactly(kernel, dtype):
+    """Every byte of FP8 rows (an fp8 tier at scale 1) becomes the float torch casts it to, exactly: a query that
+    is one channel's indicator reads each stored value back; products as the cast rows' matmul."""
+    every = torch.arange(256, dtype=torch.uint8).view(dtype)
+    every = torch.where(torch.isfinite(every.float()), every.float(), 0.0).to(dtype)  # NaN / inf bytes never stored
+    rows = every.view(1, 1, 4, 64)  # four tokens of 64 channels hold all 256 bytes
+    got = codes_scores(torch.eye(64).view(1, 1, 64, 64), rows, None, None)
+    assert torch.equal(got[0, 0].T, rows.float()[0, 0]), f"{kernel} build: an 8-bit float read back differs"
+    for b, h, r, n, d in SHAPES:
+        torch.manual_seed(3)
+        x = (torch.randn(b, h, n, d) * torch.logspace(-3, 2, d)).clamp(-400, 400).to(dtype)
+        q, w = torch.randn(b, h, r, d), torch.rand(b, h, r, n)
+        torch.testing.assert_close(codes_scores(q, x, None, None), q @ x.float().transpose(2, 3),
+                                   atol=2e-4 * d**0.5, rtol=1e-4, msg=f"{kernel} build: scores {dtype}")
+        torch.testing.assert_close(codes_weighted(w, x, None, None), w @ x.float(), atol=2e-4 * n**0.5, rtol=1e-4,
+                                   msg=f"{kernel} build: weighted sum {dtype}")
+
+
+@pytest.mark.parametrize("tier", ["fp8-e4m3", "fp8-e5m2"])
+def test_an_fp8_tier_decodes_on_its_bytes(kernel, tier):
+    """Both sides of an FP8 tier at scale 1 are read by the kernel, the whole step in one call, as the reference."""
+    codecs = TIERS[tier]
+    torch.manual_seed(4)
+    k, v = torch.randn(1, 2, 200, 64) * 4, torch.randn(1, 2, 200, 64)
+    coded = Coded(codecs.key, codecs.key.encode(k), codecs.value, codecs.value.encode(v))
+    raw = Raw(torch.randn(1, 2, 5, 64), torch.randn(1, 2, 5, 64))
+    assert decode_attention_torch_compiled(coded, 64, query_rows=7) == (True, True)
+    query = torch.randn(1, 14, 1, 64)
+    q = (query * 64**-0.5).reshape(1, 2, 7, 64)
+    assert dat._whole_step(q, [raw, coded], None) is not None
+    torch.testing.assert_close(decode_attention_torch(query, [raw, coded]), decode_attention_ref(query, [raw, coded]),
+                               atol=2e-5, rtol=1e-4, msg=f"{kernel} build, {tier}")
+
+
 def test_which_sides_it_takes():
     spec = layout_of(TIERS["turbo-4"].value).quant
     assert not codes_supported(None, 64, 3), "DCT coefficients or raw rows: no quantized rows to read"
@@ -177,6 +213,9 @@ def test_which_sides_it_takes():
     assert not codes_supported(spec, 40, 3), "head_dim not a multiple of 16"
     built = build(FLAGS)[0] is not None
     assert codes_supported(spec, 64, 3) == built and codes_supported(spec, 256, 64) == built
+    assert float8_supported(torch.float8_e4m3fn, 64, 3) == built and float8_supported(torch.float8_e5m2, 64, 3) == built
+    assert not float8_supported(torch.bfloat16, 64, 3), "raw bf16 rows: a cast, no kernel"
+    assert not float8_supported(torch.float8_e4m3fn, 40, 3) and not float8_supported(torch.float8_e4m3fn, 64, 65)
 
 
 def test_no_compiler_or_disabled_means_the_torch_path(monkeypatch, tmp_path):
@@ -216,5 +255,12 @@ def test_wrong_tensors_are_refused(kernel):
         codes_scores(torch.zeros(1, 1, 1, 64), codes, scale[:, :, :3], spec)
     with pytest.raises(ValueError, match="uint8 codes and float16 scale"):
         codes_scores(torch.zeros(1, 1, 1, 64), codes, scale, spec, offset=scale[:, :, :3])
-    with pytest.raises(ValueError, match="refused 4-bit codes, head_dim 64"):
+    with pytest.raises(ValueError, match="refused 4-bit codes, group 32, head_dim 64"):
         codes_scores(torch.zeros(1, 1, codes_cpu.MAX_ROWS + 1, 64), codes, scale, spec)
+    fp8 = torch.zeros(1, 1, 4, 64, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="8-bit floats .* without scale or offset"):
+        codes_scores(torch.zeros(1, 1, 1, 64), fp8, scale, None)
+    with pytest.raises(ValueError, match="must be 8-bit floats"):
+        codes_scores(torch.zeros(1, 1, 1, 64), codes, None, None)
+    with pytest.raises(ValueError, match="refused torch.float8_e4m3fn rows, head_dim 64"):
+        codes_weighted(torch.zeros(1, 1, codes_cpu.MAX_ROWS + 1, 4), fp8, None, None)
