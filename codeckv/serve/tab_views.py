@@ -68,18 +68,18 @@ def sweep_pareto(result: QualityRun | Sweep | None, metric: str, long_context: d
         return None
     if isinstance(result, QualityRun):
         return quality_figures(result)["pareto_kld" if METRICS[metric] == "kld" else "pareto_nll"]
-    return pareto_figure(result.rows, METRICS[metric], title="Storage vs quality (one reply)")
+    return pareto_figure(result.rows, METRICS[metric], title=f"Storage vs {metric} (one reply)")
 
 
 def sweep_views(outcome: SweepOutcome, metric: str, long_context: dict | None = None) -> dict:
-    """What the Tier sweep tab shows of a finished sweep: the Pareto chart on `metric` (a key of METRICS; on one
-    prompt, KL divergence unless the long-context axis), the one-prompt charts (None on long text), the per-token
-    KLD and the tiers to pick from."""
+    """What the Tier sweep tab shows of a finished sweep: the Pareto chart on `metric` (a key of METRICS: the one the
+    sweep drew, else redrawn), the one-prompt charts (None on long text), the per-token KLD and the tiers to pick
+    from."""
     prompt_mode = "latency" in outcome.figures
-    if prompt_mode and METRICS.get(metric) != "score":
-        metric = next(name for name, key in METRICS.items() if key == "kld")
+    drawn = {"kld": "pareto_kld", "delta_nll_pct": "pareto_nll"}.get(METRICS.get(metric))
+    pareto = outcome.figures.get(drawn) if drawn else None
     return {
-        "pareto": sweep_pareto(outcome.result, metric, long_context),
+        "pareto": pareto if pareto is not None else sweep_pareto(outcome.result, metric, long_context),
         "prompt_mode": prompt_mode,
         "latency": outcome.figures.get("latency"),
         "token_match": outcome.figures.get("token_match"),

@@ -214,8 +214,10 @@ def test_long_text_sweep_reports_spread_and_files():
 
 
 def test_one_prompt_sweep_and_pasted_text_sweep():
-    table, *_ = _sweep(app.ONE_PROMPT, ["png", "int8"])
+    table, pareto, *_, result, _ = _sweep(app.ONE_PROMPT, ["png", "int8"], metric="ΔNLL")
     assert [row[0] for row in table["data"]] == ["png", "int8"]
+    assert pareto.layout.title.text == "Storage vs ΔNLL (one reply)", "one prompt's chart on the axis chosen"
+    assert app.sweep_pareto(result, "KL divergence").layout.yaxis.title.text.startswith("KL divergence")
     text = "The quick brown fox jumps over the lazy dog. " * 40
     table, *_ = _sweep(app.LONG_TEXT, ["int8"], source="pasted text", pasted=text, windows=1)
     assert [row[0] for row in table["data"]] == ["native", "int8"]
