@@ -60,6 +60,7 @@ from codeckv.serve.service import (
     needle_cells,
     needle_request,
     preparation_text,
+    saved_model,
     sweep_request,
     sweep_token_kld,
 )
@@ -102,9 +103,7 @@ def stop_turn(session):
 @guarded
 def download_cache(session):
     """The codec cache of this conversation (archive, raw tokens, token ids, exchanges) as a .kvc file."""
-    if not isinstance(session, ChatSession) or session.setup is None:
-        raise ValueError("nothing to save yet: the conversation needs a finished turn first")
-    with POOL.lease(session.setup[0]) as loaded:
+    with POOL.lease(saved_model(session)) as loaded:
         return chat_download(loaded, session, CACHE_FILES.fresh())
 
 
@@ -148,9 +147,8 @@ def request_stop(flag):
 @guarded
 def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens, model_name, tiers, metric, stop=None,
               long_context=None, progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
-    """Every chosen tier: on long text (default) or on one chat prompt; table, charts, CSV / JSON downloads. The
-    long-context quality axis charts the Long context tab's last grid (`long_context`)."""
-    metric = one_of(metric, "quality axis", METRICS)
+    """Every chosen tier on long text (default) or one chat prompt: table, charts (`long_context`: see sweep_views)."""
+    one_of(metric, "quality axis", METRICS)  # refused before a model is touched
     with leased(model_name) as loaded:
         run = sweep_request(loaded, mode, source, pasted, upload, windows, length, prompt, new_tokens, tiers,
                             bar_progress(progress), stop=fresh_stop(stop))
@@ -176,13 +174,12 @@ def run_needle(lengths, depths, tiers, model_name, press_mode="once", stop=None,
 @gpu(duration=LONG_GPU_SECONDS)
 @guarded
 def run_ruler(tasks, lengths, samples, tiers, model_name, press_mode="once", stop=None, progress=gr.Progress()):  # noqa: B008
-    """RULER-style tasks: native and every chosen tier, one native prefill per sample; the grid is also kept for
-    the Tier sweep's long-context axis."""
+    """RULER-style tasks: native and every chosen tier, one native prefill per sample (the grid kept for the sweep)."""
     ruler_cells(tasks, lengths, samples, press_mode=press_mode)  # refused before a model is touched
     with leased(model_name) as loaded:
         rows = ruler_request(loaded, tasks, lengths, samples, tiers, bar_progress(progress), stop=fresh_stop(stop),
                              press_mode=press_mode)
-        return *ruler_views(rows, REPORTS.fresh(), loaded.info.name), {"model": loaded.info.name, "rows": rows}
+        return ruler_views(rows, REPORTS.fresh(), loaded.info.name)
 
 
 @gpu(duration=LONG_GPU_SECONDS)
@@ -200,12 +197,8 @@ def model_panel(model_name):
     in the background, as the default model's are (the tier picker's timer shows them)."""
     info = POOL.get(model_name).info
     PREPARATION.start(model_name)
-    return (
-        model_markdown(info),
-        gr.update(maximum=len(info.layer_types) - 1),
-        gr.update(maximum=info.num_kv_heads - 1),
-        gr.Timer(active=bool(preparation_text())),
-    )
+    return (model_markdown(info), gr.update(maximum=len(info.layer_types) - 1),
+            gr.update(maximum=info.num_kv_heads - 1), gr.Timer(active=bool(preparation_text())))
 
 
 def advanced_settings():

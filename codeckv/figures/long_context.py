@@ -1,8 +1,10 @@
-"""Long-context figures: RULER scores per task (heatmaps), score against bytes, and quality against depth.
+"""Long-context figures: RULER scores per task (heatmaps), score against bytes, quality against depth, and the
+placeholder a long-context chart shows until its grid has run.
 
     fig = ruler_heatmap_figure(rows)          # measure/ruler.py rows: one panel per task, tiers x lengths
     fig = ruler_bytes_figure(rows, 4096)      # the RULER average against what each tier stores vs bf16
     fig = depth_figure(rows)                  # quality rows at several prefix lengths: KLD per tier vs depth
+    fig = placeholder_figure(title, "run ... first")  # a chart's place until its grid has run
 
 Rows may be dataclasses or dicts read back from a CSV (numbers as floats).
 """
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from codeckv.figures.plots import CODEC_COLORS, _dicts, pareto_figure, themed
+from codeckv.figures.plots import CODEC_COLORS, NATIVE_COLOR, _dicts, pareto_figure, themed
 
 SCORE_SCALE = [[0, "#fca5a5"], [0.5, "#fde68a"], [1, "#86efac"]]  # red 0 -> amber 50 -> green 100
 
@@ -88,6 +90,16 @@ def ruler_bytes_figure(rows: Sequence, length: int, model: str | None = None) ->
     named = f", {model}" if model else ""
     return pareto_figure(averages, "score",
                          title=f"RULER average at {length:,} tokens ({tasks} task{'s' * (tasks != 1)}) vs bytes{named}")
+
+
+def placeholder_figure(title: str, message: str) -> go.Figure:
+    """A chart's place holding a line of text instead: what to run to fill it."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=16, color=NATIVE_COLOR))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return themed(fig, title)
 
 
 def depth_figure(rows: Sequence, metric: str = "kld", model: str | None = None) -> go.Figure:

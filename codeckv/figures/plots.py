@@ -207,16 +207,6 @@ def _pareto_marker(family: str, members: list[int], front: list[int], ys: list[f
                 color=[KEY_COLOR if i in front else NATIVE_COLOR for i in members])
 
 
-def message_figure(title: str, message: str) -> go.Figure:
-    """A chart's place holding a line of text instead: what to run to fill it."""
-    fig = go.Figure()
-    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                       font=dict(size=16, color=NATIVE_COLOR))
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    return themed(fig, title)
-
-
 def latency_figure(rows: Sequence) -> go.Figure:
     """Median decode ms/token per tier, with the native run's as a reference line."""
     rows = _dicts(rows)

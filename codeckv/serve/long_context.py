@@ -2,8 +2,8 @@
 
     tasks, lengths, samples = ruler_cells(["niah_single_1"], ["4096"], 2)      # refused before a model is touched
     rows = ruler_request(loaded, ["niah_single_1"], ["4096"], 2, ["turbo-4", "snapkv-50"], progress=cb)
-    heatmap, bytes_chart, table, csv_path = ruler_views(rows, folder, loaded.info.name)
-    chart = long_context_pareto({"model": loaded.info.name, "rows": rows})   # the Tier sweep's long-context axis
+    heatmap, bytes_chart, table, csv_path, grid = ruler_views(rows, folder, loaded.info.name)
+    chart = long_context_pareto(grid)   # the Tier sweep's long-context axis
 
 A grid costs a native prefill per sample, task and length (measure/ruler.py): the budget bounds the prompt tokens
 of all of them together (Limits.max_ruler_tokens: 4k x 2 samples x 4 tasks by default, what a 2-vCPU Space runs in
@@ -17,7 +17,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from codeckv.figures import ruler_bytes_figure, ruler_heatmap_figure
-from codeckv.figures.plots import message_figure
+from codeckv.figures.long_context import placeholder_figure
 from codeckv.loaded import LoadedModel
 from codeckv.measure.long_tasks import TASK_NAMES
 from codeckv.measure.ruler import as_dicts, ruler_grid, task_line
@@ -69,14 +69,16 @@ def long_context_pareto(grid: dict | None) -> go.Figure:
     a grid has run, a line saying so."""
     rows = grid.get("rows") if isinstance(grid, dict) else None
     if not rows:
-        return message_figure("Storage vs long-context score", "No long-context grid yet: run one in the Long "
-                              "context tab, and its RULER average is this axis")
+        return placeholder_figure("Storage vs long-context score",
+                                  "No long-context grid yet: run one in the Long context tab, and its RULER average "
+                                  "is this axis")
     return ruler_bytes_figure(rows, max(int(r["length"]) for r in rows), str(grid.get("model", "")) or None)
 
 
-def ruler_views(rows: list[dict], folder: Path, model: str) -> tuple[go.Figure, go.Figure, dict, str]:
+def ruler_views(rows: list[dict], folder: Path, model: str) -> tuple[go.Figure, go.Figure, dict, str, dict]:
     """The tab's outputs: the score heatmap per task, the average against bytes at the longest length (both titled
-    with `model`), the table, and the path of the grid's CSV in `folder`."""
+    with `model`), the table, the path of the grid's CSV in `folder`, and the grid as the Tier sweep's long-context
+    axis reads it (long_context_pareto)."""
     path = write_csv(rows, folder / "ruler.csv")
     longest = max(int(r["length"]) for r in rows)
     headers = ["task", "tests", "length", "tier", "samples", "score", "± se", "stores vs bf16", "press protocol",
@@ -85,4 +87,5 @@ def ruler_views(rows: list[dict], folder: Path, model: str) -> tuple[go.Figure, 
              round(r["score_se"], 1) if r["score_se"] == r["score_se"] else "", f"{100 * r['stored_vs_bf16']:.1f}%",
              r["press_mode"], round(r["seconds"], 1)] for r in rows]
     table = {"headers": headers, "data": data}
-    return ruler_heatmap_figure(rows, model), ruler_bytes_figure(rows, longest, model), table, str(path)
+    grid = {"model": model, "rows": rows}
+    return ruler_heatmap_figure(rows, model), ruler_bytes_figure(rows, longest, model), table, str(path), grid

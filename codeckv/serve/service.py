@@ -326,6 +326,13 @@ RESUME_GPU_SECONDS = estimate_seconds(forwards=Limits().max_prompt_tokens // 512
 DOWNLOAD_GPU_SECONDS = estimate_seconds(forwards=1)  # copying the cache off the GPU
 
 
+def saved_model(session) -> str:
+    """The model of the conversation a download saves; a ValueError before its first finished turn."""
+    if not isinstance(session, ChatSession) or session.setup is None:
+        raise ValueError("nothing to save yet: the conversation needs a finished turn first")
+    return session.setup[0]
+
+
 def chat_download(loaded: LoadedModel, session: ChatSession, folder: Path) -> str:
     """The codec cache of the conversation and its exchanges, written to a .kvc file in folder: its path."""
     path = folder / "conversation.kvc"

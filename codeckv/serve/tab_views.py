@@ -57,6 +57,9 @@ def sweep_downloads(outcome: SweepOutcome, model: str, folder: Path) -> list[str
             str(write_json({"model": model, **outcome.about, "rows": outcome.rows}, folder / "sweep.json"))]
 
 
+DRAWN = {"kld": "pareto_kld", "delta_nll_pct": "pareto_nll"}  # a loss axis -> its chart among a sweep's figures
+
+
 def sweep_pareto(result: QualityRun | Sweep | None, metric: str, long_context: dict | None = None) -> go.Figure | None:
     """The Pareto chart of a finished sweep on a quality axis of METRICS (redrawn, not re-run); on the long-context
     axis, the Long context tab's last grid (`long_context`, serve/long_context.py), with or without a sweep."""
@@ -67,16 +70,16 @@ def sweep_pareto(result: QualityRun | Sweep | None, metric: str, long_context: d
     if result is None:
         return None
     if isinstance(result, QualityRun):
-        return quality_figures(result)["pareto_kld" if METRICS[metric] == "kld" else "pareto_nll"]
+        return quality_figures(result)[DRAWN[METRICS[metric]]]
     return pareto_figure(result.rows, METRICS[metric], title=f"Storage vs {metric} (one reply)")
 
 
 def sweep_views(outcome: SweepOutcome, metric: str, long_context: dict | None = None) -> dict:
-    """What the Tier sweep tab shows of a finished sweep: the Pareto chart on `metric` (a key of METRICS: the one the
-    sweep drew, else redrawn), the one-prompt charts (None on long text), the per-token KLD and the tiers to pick
-    from."""
+    """What the Tier sweep tab shows of a finished sweep: the Pareto chart on `metric` (a key of METRICS: the chart
+    the sweep drew, else redrawn; the long-context axis charts `long_context`, the Long context tab's last
+    grid), the one-prompt charts (None on long text), the per-token KLD and the tiers to pick from."""
     prompt_mode = "latency" in outcome.figures
-    drawn = {"kld": "pareto_kld", "delta_nll_pct": "pareto_nll"}.get(METRICS.get(metric))
+    drawn = DRAWN.get(METRICS.get(metric))
     pareto = outcome.figures.get(drawn) if drawn else None
     return {
         "pareto": pareto if pareto is not None else sweep_pareto(outcome.result, metric, long_context),
