@@ -22,7 +22,9 @@
    tokens are done and reduce them together; per-channel scales are folded into the queries once per group.
    The offsets are added after the main loops, once per group (per channel: q . offset; the weights summed
    times the offset) or per token (per token: the sums of q over its groups times its offsets). Without AVX2,
-   FMA and F16C (or built with -DCODES_PORTABLE) the same sums run as plain C loops. Single-threaded;
+   FMA and F16C (or built with -DCODES_PORTABLE) the same sums run as plain C loops. codes_decode runs its
+   (batch, KV head) pairs on up to `threads` threads (OpenMP, in a build with -fopenmp: the libgomp torch has
+   loaded, so its threads, not a second pool); codes_scores and codes_weighted run on one.
    kernels/codes_cpu.py checks shapes, dtypes and strides before calling.
 
    The files: codes_cpu.h (this one: the format, the types and helpers the others share), codes_cpu.c (the

@@ -16,8 +16,11 @@ reads 4 D bytes of float32 rows per token and side, this kernel reads the D b / 
 and turns them into levels in registers.
 
 The C files (SOURCES: codes_cpu.h says which holds what) are compiled together once per machine with
-`-O3 -march=native` into the codeckv cache (kernels/c_build.py: a name holding a hash of the sources, the
-flags and the CPU's feature flags). No compiler, a failed build or CODECKV_CPU_KERNEL=0: the torch path,
+`-O3 -march=native -fopenmp` into the codeckv cache (kernels/c_build.py: a name holding a hash of the sources, the
+flags and the CPU's feature flags); a compiler without OpenMP builds it without. codes_decode runs a step's
+(batch, KV head) pairs on torch.get_num_threads() threads: the library links libgomp, which the loader resolves to
+the one torch has loaded, so the pairs run on torch's own OpenMP threads (which spin between torch's ops) rather
+than beside them. No compiler, a failed build or CODECKV_CPU_KERNEL=0: the torch path,
 and codes_status() says why. Called with torch.inference_mode
 or not alike; ctypes releases the GIL.
 """
@@ -40,7 +43,8 @@ SOURCE = Path(__file__).with_suffix(".c")  # the entry points; the header and th
 HEADER = SOURCE.with_suffix(".h")
 SOURCES = (SOURCE, SOURCE.with_name("codes_loops_avx2.c"), SOURCE.with_name("codes_loops_portable.c"),
            SOURCE.with_name("codes_decode.c"))
-FLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC")
+OPENMP = "-fopenmp"  # codes_decode's (batch, head) pairs on torch's threads; a compiler without it builds without
+FLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC", OPENMP)
 MAX_ROWS = 64  # query rows per KV head the kernel takes (a decode step has G * T; a long prefill chunk uses torch)
 MAX_DIM = 256
 DISABLE_VARIABLE = "CODECKV_CPU_KERNEL"  # "0": never build or use the kernel
@@ -70,7 +74,7 @@ class _Decode(ctypes.Structure):
         ("n_raw", ctypes.c_int64), ("raw_k", ctypes.c_void_p * MAX_RAW), ("raw_v", ctypes.c_void_p * MAX_RAW),
         ("raw_tokens", ctypes.c_int64 * MAX_RAW), ("raw_b", ctypes.c_int64 * MAX_RAW),
         ("raw_h", ctypes.c_int64 * MAX_RAW), ("raw_t", ctypes.c_int64 * MAX_RAW),
-        ("scores", ctypes.c_void_p), ("out", ctypes.c_void_p),
+        ("scores", ctypes.c_void_p), ("out", ctypes.c_void_p), ("threads", ctypes.c_int64),
     ]
 
 
@@ -78,7 +82,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     """(the loaded kernel, "compiled C (...)") or (None, "torch (why not)"): built at most once per process."""
     if os.environ.get(DISABLE_VARIABLE, "1") == "0":
         return None, f"torch ({DISABLE_VARIABLE}=0)"
-    return build(FLAGS)
+    built = build(FLAGS)
+    return built if built[0] is not None else build(tuple(f for f in FLAGS if f != OPENMP))
 
 
 @functools.cache
@@ -96,7 +101,8 @@ def build(flags: tuple[str, ...]) -> tuple[ctypes.CDLL | None, str]:
         fn.argtypes = [ctypes.POINTER(struct)]
     lib.codes_vectorized.restype = ctypes.c_int
     kind = "AVX2" if lib.codes_vectorized() else "portable C"
-    return lib, f"compiled C ({kind}, {compiler} {' '.join(f for f in flags if f.startswith('-march'))})"
+    shown = " ".join(f for f in flags if f.startswith("-march") or f == OPENMP)
+    return lib, f"compiled C ({kind}, {compiler} {shown})"
 
 
 def codes_status() -> str:
@@ -231,14 +237,14 @@ def codes_decode(q: torch.Tensor, q_raw: torch.Tensor, keys: tuple, values: tupl
         spans.append((k, v))
     coded = keys[0].shape[2]
     total = coded + sum(k.shape[2] for k, _ in spans)
-    scores = torch.empty(r * total, dtype=torch.float32)
+    scores = torch.empty(b * h * r * total, dtype=torch.float32)  # each (batch, head)'s own
     out = torch.empty(b, h, r, d, dtype=torch.float32)
     out_map = None if out_map is None else out_map.float().contiguous()
     call = _Decode(key_call, value_call, q_raw.data_ptr(), None if out_map is None else out_map.data_ptr(), len(spans))
     for i, (k, v) in enumerate(spans):
         call.raw_k[i], call.raw_v[i], call.raw_tokens[i] = k.data_ptr(), v.data_ptr(), k.shape[2]
         call.raw_b[i], call.raw_h[i], call.raw_t[i] = k.stride(0), k.stride(1), k.stride(2)
-    call.scores, call.out = scores.data_ptr(), out.data_ptr()
+    call.scores, call.out, call.threads = scores.data_ptr(), out.data_ptr(), torch.get_num_threads()
     if lib.codes_decode(ctypes.byref(call)) != 0:
         raise ValueError(f"codes_cpu: codes_decode refused head_dim {d}, {r} rows (see codes_supported)")
     return out

@@ -49,51 +49,63 @@ typedef struct {
     const float *raw_k[MAX_RAW]; /* (B, H, n, D) float32, last dimension contiguous */
     const float *raw_v[MAX_RAW];
     int64_t raw_tokens[MAX_RAW], raw_b[MAX_RAW], raw_h[MAX_RAW], raw_t[MAX_RAW]; /* strides, keys and values alike */
-    float *scores;               /* scratch: R * (coded + raw tokens) floats */
+    float *scores;               /* scratch: B * H * R * (coded + raw tokens) floats */
     float *out;                  /* (B, H, R, D) contiguous */
+    int64_t threads;             /* the most threads to run the (batch, head) pairs on */
 } CodesDecode;
 
+/* One (batch, head)'s attention: its scores into `sc` (R * total floats of its own), its output rows into out. */
+static void decode_head(const CodesDecode *c, const Side *ks, const Side *vs, int64_t b, int64_t h, int64_t total,
+                        float *sc) {
+    const CodesCall *k = &c->keys;
+    int64_t rows = k->nrows, dim = k->dim, coded = k->tokens;
+    float acc[MAX_ROWS * MAX_DIM], rowsum[MAX_ROWS];
+    const float *q = k->rows + b * k->rows_b + h * k->rows_h, *rq = c->raw_q + b * k->rows_b + h * k->rows_h;
+    head_scores(ks, b, h, q, k->rows_r, rows, coded, sc, total);
+    for (int64_t i = 0, at = coded; i < c->n_raw; at += c->raw_tokens[i], i++) {
+        const float *kr = c->raw_k[i] + b * c->raw_b[i] + h * c->raw_h[i];
+        for (int64_t t = 0; t < c->raw_tokens[i]; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                float dot = 0.0f;
+                for (int64_t j = 0; j < dim; j++) dot += rq[r * k->rows_r + j] * kr[t * c->raw_t[i] + j];
+                sc[r * total + at + t] = dot;
+            }
+    }
+    for (int64_t r = 0; r < rows; r++) rowsum[r] = softmax_row(sc + r * total, total);
+    head_weighted(vs, b, h, sc, total, rows, coded, acc);
+    float *oh = c->out + (b * k->heads + h) * rows * dim;
+    for (int64_t r = 0; r < rows; r++) {
+        float *o = oh + r * dim, *a = acc + r * dim;
+        if (c->out_map) { /* o = a @ out_map */
+            memset(o, 0, sizeof(float) * dim);
+            for (int64_t l = 0; l < dim; l++)
+                for (int64_t j = 0; j < dim; j++) o[j] += a[l] * c->out_map[l * dim + j];
+        } else {
+            memcpy(o, a, sizeof(float) * dim);
+        }
+        for (int64_t i = 0, at = coded; i < c->n_raw; at += c->raw_tokens[i], i++) {
+            const float *vr = c->raw_v[i] + b * c->raw_b[i] + h * c->raw_h[i];
+            for (int64_t t = 0; t < c->raw_tokens[i]; t++) {
+                float p = sc[r * total + at + t];
+                for (int64_t j = 0; j < dim; j++) o[j] += p * vr[t * c->raw_t[i] + j];
+            }
+        }
+        for (int64_t j = 0; j < dim; j++) o[j] /= rowsum[r];
+    }
+}
+
+/* Every (batch, head) on up to c->threads threads (OpenMP, where built with it: each pair's work and scratch are
+   its own, so the numbers do not depend on the threads); the pragma is ignored in a build without OpenMP. */
 int codes_decode(const CodesDecode *c) {
     const CodesCall *k = &c->keys, *v = &c->values;
     if (refused(k) || refused(v) || k->dim != v->dim || k->tokens != v->tokens || c->n_raw > MAX_RAW) return 1;
     Side ks = side_of(k), vs = side_of(v);
-    int64_t rows = k->nrows, dim = k->dim, coded = k->tokens, total = coded;
+    int64_t total = k->tokens, pairs = k->batch * k->heads, span = k->nrows;
     for (int64_t i = 0; i < c->n_raw; i++) total += c->raw_tokens[i];
-    float acc[MAX_ROWS * MAX_DIM], rowsum[MAX_ROWS], *sc = c->scores;
-    for (int64_t b = 0; b < k->batch; b++)
-        for (int64_t h = 0; h < k->heads; h++) {
-            const float *q = k->rows + b * k->rows_b + h * k->rows_h, *rq = c->raw_q + b * k->rows_b + h * k->rows_h;
-            head_scores(&ks, b, h, q, k->rows_r, rows, coded, sc, total);
-            for (int64_t i = 0, at = coded; i < c->n_raw; at += c->raw_tokens[i], i++) {
-                const float *kr = c->raw_k[i] + b * c->raw_b[i] + h * c->raw_h[i];
-                for (int64_t t = 0; t < c->raw_tokens[i]; t++)
-                    for (int64_t r = 0; r < rows; r++) {
-                        float dot = 0.0f;
-                        for (int64_t j = 0; j < dim; j++) dot += rq[r * k->rows_r + j] * kr[t * c->raw_t[i] + j];
-                        sc[r * total + at + t] = dot;
-                    }
-            }
-            for (int64_t r = 0; r < rows; r++) rowsum[r] = softmax_row(sc + r * total, total);
-            head_weighted(&vs, b, h, sc, total, rows, coded, acc);
-            float *oh = c->out + (b * k->heads + h) * rows * dim;
-            for (int64_t r = 0; r < rows; r++) {
-                float *o = oh + r * dim, *a = acc + r * dim;
-                if (c->out_map) { /* o = a @ out_map */
-                    memset(o, 0, sizeof(float) * dim);
-                    for (int64_t l = 0; l < dim; l++)
-                        for (int64_t j = 0; j < dim; j++) o[j] += a[l] * c->out_map[l * dim + j];
-                } else {
-                    memcpy(o, a, sizeof(float) * dim);
-                }
-                for (int64_t i = 0, at = coded; i < c->n_raw; at += c->raw_tokens[i], i++) {
-                    const float *vr = c->raw_v[i] + b * c->raw_b[i] + h * c->raw_h[i];
-                    for (int64_t t = 0; t < c->raw_tokens[i]; t++) {
-                        float p = sc[r * total + at + t];
-                        for (int64_t j = 0; j < dim; j++) o[j] += p * vr[t * c->raw_t[i] + j];
-                    }
-                }
-                for (int64_t j = 0; j < dim; j++) o[j] /= rowsum[r];
-            }
-        }
+    span *= total;
+    int threads = (int)(c->threads < 1 ? 1 : c->threads < pairs ? c->threads : pairs);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t pair = 0; pair < pairs; pair++)
+        decode_head(c, &ks, &vs, pair / k->heads, pair % k->heads, total, c->scores + pair * span);
     return 0;
 }

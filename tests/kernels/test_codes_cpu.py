@@ -7,6 +7,8 @@ register block, partial token blocks and groups, strided slices of a larger arch
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -147,6 +149,45 @@ def test_a_whole_decode_step_matches_the_reference(kernel, tier, rows, raw_spans
     hides_nothing = torch.ones(2, 1, 1, sum(s.tokens for s in segments), dtype=torch.bool)
     torch.testing.assert_close(decode_attention_torch(query, segments, mask=hides_nothing), want, atol=2e-5,
                                rtol=1e-4)
+
+
+@pytest.mark.parametrize("tier", ["turbo-4", "int8", "fp8-e4m3"])
+def test_a_whole_step_on_two_threads_is_the_same_step(kernel, tier, monkeypatch):
+    """codes_decode runs its (batch, head) pairs on torch's threads (OpenMP in the build): each pair's sums are its
+    own, in the same order on any thread, so one thread and two give the same bits, batch 2 and heads 3 included
+    (an odd count of pairs per thread)."""
+    codecs = TIERS[tier]
+    torch.manual_seed(4)
+    k, v = torch.randn(2, 3, 320, 64), torch.randn(2, 3, 320, 64)
+    coded = Coded(codecs.key, codecs.key.encode(k), codecs.value, codecs.value.encode(v))
+    segments = [Raw(torch.randn(2, 3, 4, 64), torch.randn(2, 3, 4, 64)), coded]
+    q = torch.randn(2, 3, 7, 64) * 0.125
+    steps = {}
+    for threads in (1, 2):
+        monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
+        steps[threads] = dat._whole_step(q, segments, None)
+    assert steps[1] is not None and torch.equal(steps[1], steps[2]), f"{kernel} build, {tier}"
+
+
+def test_the_kernel_shares_torchs_openmp_runtime(kernel):
+    """The OpenMP build links libgomp by its soname, which the loader resolves to the copy torch has loaded: one
+    runtime in the process, so the kernel's threads are torch's (a second pool would contend with them)."""
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("no /proc/self/maps here (not Linux)")
+    mapped = {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line.split()[-1]}
+    assert len(mapped) <= 1, f"two OpenMP runtimes loaded: {mapped}"
+
+
+def test_a_compiler_without_openmp_builds_it_single_threaded(monkeypatch):
+    """The build with OpenMP fails (a compiler without it): the kernel is built without and runs on one thread."""
+    plain = tuple(f for f in FLAGS if f != codes_cpu.OPENMP)
+    assert codes_cpu.OPENMP in FLAGS and plain != FLAGS
+    monkeypatch.setattr(codes_cpu, "build", lambda flags: (None, "torch (no OpenMP)") if codes_cpu.OPENMP in flags
+                        else ("plain build", "compiled C (plain)"))
+    assert codes_cpu._library() == ("plain build", "compiled C (plain)")
+    if build(FLAGS)[0] is not None:
+        assert build(FLAGS)[1].endswith(f"-march=native {codes_cpu.OPENMP})"), build(FLAGS)[1]
 
 
 def test_a_whole_step_falls_back_where_it_does_not_apply(kernel):
