@@ -241,9 +241,11 @@ def ruler_grid(
                 prompt_tokens.append(sample.prompt_tokens)
                 where = f"{task} at {length} tokens, sample {index + 1}/{samples}"
                 say(done, f"{where}: prefilling {context.shape[1]:,} tokens" if shared else where)
-                start = time.perf_counter()
-                prefill = shared_prefill(loaded, context, capture_queries=presses) if shared else None
-                prefill_seconds += time.perf_counter() - start
+                prefill = None  # no tier reads a shared prefill (llama.cpp's, chunked presses): no share to give
+                if shared:
+                    start = time.perf_counter()
+                    prefill = shared_prefill(loaded, context, capture_queries=presses)
+                    prefill_seconds += time.perf_counter() - start
                 answers = []
                 for tier in todo:
                     say(done, f"{where}: {tier.name}")

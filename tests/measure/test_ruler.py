@@ -54,6 +54,17 @@ def test_rows_already_measured_are_skipped(loaded, grid):
     assert math.isfinite(again[0].prefill_share)
 
 
+def test_without_a_shared_prefill_no_share_is_given(loaded, grid):
+    """Native's row already measured and the one tier prefilling the context itself (a press in chunked mode, as
+    llama.cpp's types do): no prefill is shared, so the row's share of it is not a number (not its seconds over
+    the microseconds of no prefill)."""
+    rows, _ = grid
+    alone = ruler_grid(loaded, [get_tier("snapkv-50")], ["niah_single_1"], [512], samples=2, press_mode="chunked",
+                       skip={row_key(r) for r in rows if r.tier == "native"})
+    assert [r.tier for r in alone] == ["snapkv-50"] and alone[0].press_mode == "chunked"
+    assert alone[0].seconds > 0 and math.isnan(alone[0].prefill_share)
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"lengths": [10**6]}, "outside 256.."),
     ({"tasks": ["qa_1"]}, "unknown task"),
