@@ -95,14 +95,15 @@ static void decode_head(const CodesDecode *c, const Side *ks, const Side *vs, in
 }
 
 /* Every (batch, head) on up to c->threads threads (OpenMP, where built with it: each pair's work and scratch are
-   its own, so the numbers do not depend on the threads); the pragma is ignored in a build without OpenMP. */
+   its own, so the numbers do not depend on the threads, as long as the caller has not changed one thread's
+   floating-point mode, e.g. flush-to-zero); the pragma is ignored in a build without OpenMP. */
 int codes_decode(const CodesDecode *c) {
     const CodesCall *k = &c->keys, *v = &c->values;
     if (refused(k) || refused(v) || k->dim != v->dim || k->tokens != v->tokens || c->n_raw > MAX_RAW) return 1;
     Side ks = side_of(k), vs = side_of(v);
-    int64_t total = k->tokens, pairs = k->batch * k->heads, span = k->nrows;
+    int64_t total = k->tokens, pairs = k->batch * k->heads;
     for (int64_t i = 0; i < c->n_raw; i++) total += c->raw_tokens[i];
-    span *= total;
+    const int64_t span = k->nrows * total; /* each pair's scratch */
     int threads = (int)(c->threads < 1 ? 1 : c->threads < pairs ? c->threads : pairs);
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t pair = 0; pair < pairs; pair++)

@@ -177,6 +177,8 @@ def test_the_kernel_shares_torchs_openmp_runtime(kernel):
         pytest.skip("no /proc/self/maps here (not Linux)")
     mapped = {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line.split()[-1]}
     assert len(mapped) <= 1, f"two OpenMP runtimes loaded: {mapped}"
+    if codes_cpu.OPENMP in codes_cpu._library()[1]:
+        assert len(mapped) == 1, "a build with OpenMP runs on a libgomp: none is mapped"
 
 
 def test_a_compiler_without_openmp_builds_it_single_threaded(monkeypatch):
