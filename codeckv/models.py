@@ -291,6 +291,11 @@ def _first_line(err: Exception) -> str:
     return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
 
 
+def context_tokens(config: PretrainedConfig) -> int:
+    """The most positions a model takes: its text config's max_position_embeddings (2,048 where it says none)."""
+    return getattr(config.get_text_config(decoder=True), "max_position_embeddings", 2048)
+
+
 def _describe(name: str, source: str, model: PreTrainedModel, seconds: float) -> ModelInfo:
     config = model.config.get_text_config(decoder=True)
     layer_types, _ = get_layer_types_and_kwargs(config)
@@ -303,6 +308,6 @@ def _describe(name: str, source: str, model: PreTrainedModel, seconds: float) ->
         head_dim=head_dim,
         dtype=str(model.dtype).removeprefix("torch."),
         device=str(model.device),
-        max_context=getattr(config, "max_position_embeddings", 2048),
+        max_context=context_tokens(config),
         load_seconds=round(seconds, 2),
     )

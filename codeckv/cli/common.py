@@ -50,6 +50,15 @@ def load(args: argparse.Namespace):
     return load_model(args.model)
 
 
+def model_context(args: argparse.Namespace) -> tuple[str, int]:
+    """(name, context in tokens) of --model from its config alone: a length past it is refused before the model
+    loads, which converts it for minutes the first time."""
+    from codeckv.models import DEFAULT_MODEL, context_tokens, model_config
+
+    name = args.model or DEFAULT_MODEL
+    return name, context_tokens(model_config(name))
+
+
 def set_threads(threads: int) -> None:
     """--threads N: torch's CPU threads (0 leaves torch's own choice)."""
     if threads:

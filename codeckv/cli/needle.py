@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from codeckv.cli.common import file_stem, forward_bar, load, write_figures
+from codeckv.cli.common import file_stem, forward_bar, load, model_context, write_figures
 from codeckv.cli.types import positive, run_name
 from codeckv.presses.base import PRESS_MODE_MEANING, PRESS_MODES
 
@@ -30,11 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from codeckv.measure.needle import as_dicts, needle_grid
+    from codeckv.measure.needle import as_dicts, check_lengths, needle_grid
     from codeckv.measure.peers import run_for
     from codeckv.measure.table import format_table, write_csv
 
     tiers = [run_for(name) for name in args.tiers]
+    check_lengths(*model_context(args), args.lengths)  # before the model loads
     loaded = load(args)
     bar, progress = forward_bar("needle", unit="cell")
     start = time.perf_counter()

@@ -7,7 +7,7 @@ import csv
 import time
 from pathlib import Path
 
-from codeckv.cli.common import file_stem, forward_bar, load, write_figures
+from codeckv.cli.common import file_stem, forward_bar, load, model_context, write_figures
 from codeckv.cli.types import bits_list, positive, run_name
 from codeckv.presses.base import PRESS_MODE_MEANING, PRESS_MODES
 
@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> None:
     tiers = [run_for(name) for name in args.tiers or [*TIERS, *PEER_NAMES]]
     tiers += [pca_tier(bits) for bits in args.pca_bits]
     text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
+    if args.depths:
+        _check_depths(args, tiers)
     loaded = load(args)
     bar, progress = forward_bar("quality")
     start = time.perf_counter()
@@ -97,20 +99,26 @@ def run(args: argparse.Namespace) -> None:
     print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
 
 
-def _at_depths(args, loaded, tiers, text, bar, progress, start) -> None:
-    """--depths: a shared-prefill run per depth, rows together, a chart per metric against the depth."""
-    from codeckv.measure.quality import as_dicts
-    from codeckv.measure.shared_quality import shared_quality
-    from codeckv.measure.table import format_table, write_csv
+def _check_depths(args, tiers) -> None:
+    """--depths' tiers, protocol and longest window, refused before the model loads (its context from its config)."""
     from codeckv.tiers import Tier
 
     if any(not isinstance(t, Tier) for t in tiers) or args.press_mode != "once":
         raise ValueError("--depths builds every tier from one prefill per window (the once protocol): tier names "
                          "only, no peers, --press-mode once")
+    model, context = model_context(args)
     longest = max(args.depths) + DEPTH_SCORED + 1
-    if longest > loaded.info.max_context:
-        raise ValueError(f"--depths {max(args.depths)}: {longest} tokens a window, more than {loaded.info.name}'s "
-                         f"context of {loaded.info.max_context}")
+    if longest > context:
+        raise ValueError(f"--depths {max(args.depths)}: {longest} tokens a window, more than {model}'s context of "
+                         f"{context}")
+
+
+def _at_depths(args, loaded, tiers, text, bar, progress, start) -> None:
+    """--depths: a shared-prefill run per depth, rows together, a chart per metric against the depth."""
+    from codeckv.measure.quality import as_dicts
+    from codeckv.measure.shared_quality import shared_quality
+    from codeckv.measure.table import format_table, write_csv
+
     rows = []
     for depth in args.depths:
         bar.set_description(f"quality at {depth} tokens")

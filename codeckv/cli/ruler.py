@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from codeckv.cli.common import file_stem, forward_bar, load, set_threads, write_figures
+from codeckv.cli.common import file_stem, forward_bar, load, model_context, set_threads, write_figures
 from codeckv.cli.types import count, positive, run_name
 from codeckv.presses.base import PRESS_MODE_MEANING, PRESS_MODES
 
@@ -56,17 +56,18 @@ def run(args: argparse.Namespace) -> None:
     from codeckv.measure.table import format_table, numbers, write_csv
 
     tiers = [run_for(name) for name in args.tiers]
-    haystack_text(args.haystack)  # a bad file is said before the model loads
-    set_threads(args.threads)
-    loaded = load(args)
-    check_grid(loaded, args.tasks, args.lengths, args.samples)
-    out = Path(args.out or f"out/ruler-{file_stem(loaded.info.name)}.csv")
+    haystack_text(args.haystack)  # a bad file, a length past the context or an --update of other samples are
+    model, context = model_context(args)  # said before the model loads
+    check_grid(model, context, args.tasks, args.lengths, args.samples)
+    out = Path(args.out or f"out/ruler-{file_stem(model)}.csv")
     kept = _read(out) if args.update and out.exists() else []
     for row in kept:
         for column in SAME:
             if str(row[column]) != str(getattr(args, column)):
                 raise ValueError(f"{out} was measured with --{column} {row[column]}, not {getattr(args, column)}: "
                                  "update a CSV measured on the same samples, or write a new one")
+    set_threads(args.threads)
+    loaded = load(args)
     rows = list(kept)
 
     def written(cell: list) -> None:
@@ -96,11 +97,10 @@ def run(args: argparse.Namespace) -> None:
         return
     points = [numbers(row) for row in _read(out)]  # the whole CSV, kept rows too
     lengths = sorted({int(row["length"]) for row in points})
-    model = loaded.info.name
     paths = write_figures(lambda figures: {"ruler_scores": figures.ruler_heatmap_figure(points, model),
                                            **{f"ruler_bytes_{n}": figures.ruler_bytes_figure(points, n, model)
                                               for n in lengths}},
-                          Path(args.charts or f"out/ruler-{file_stem(loaded.info.name)}"))
+                          Path(args.charts or f"out/ruler-{file_stem(model)}"))
     print(f"wrote {out}, " + ", ".join(str(p) for p in paths))
 
 

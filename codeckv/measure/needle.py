@@ -129,6 +129,14 @@ def _answer(loaded: LoadedModel, cache, first: torch.Tensor, stop_ids) -> str:
     return loaded.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
+def check_lengths(model: str, max_context: int, lengths: list[int]) -> None:
+    """A ValueError for a prompt length whose answer would not fit a model of `max_context` tokens (the CLI asks
+    before loading the model, from its config)."""
+    if max(lengths) + ANSWER_TOKENS > max_context:
+        raise ValueError(f"length {max(lengths)} + {ANSWER_TOKENS} answer tokens exceeds {model}'s context of "
+                         f"{max_context} tokens")
+
+
 def needle_grid(
     loaded: LoadedModel,
     tiers: list[Tier | Peer | LlamaCppPeer],
@@ -145,10 +153,8 @@ def needle_grid(
     llama = [t for t in tiers if isinstance(t, LlamaCppPeer)]
     llama = list(dict.fromkeys([LLAMACPP_REFERENCE, *llama])) if llama else []
     tiers = [t for t in tiers if not isinstance(t, LlamaCppPeer)]
+    check_lengths(loaded.info.name, loaded.info.max_context, lengths)
     longest = max(lengths) + ANSWER_TOKENS
-    if longest > loaded.info.max_context:
-        raise ValueError(f"length {max(lengths)} + {ANSWER_TOKENS} answer tokens exceeds {loaded.info.name}'s "
-                         f"context of {loaded.info.max_context} tokens")
     stop_ids = stop_token_ids(loaded.tokenizer, loaded.model)
     rows, cells, done = [], len(lengths) * len(depths), 0
     total = cells * (1 + len(llama))

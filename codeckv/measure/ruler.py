@@ -83,15 +83,15 @@ def row_key(row: RulerRow | dict) -> RowKey:
     return str(row["task"]), int(row["length"]), str(row["tier"])
 
 
-def check_grid(loaded: LoadedModel, tasks: list[str], lengths: list[int], samples: int) -> None:
-    """A ValueError for a task, length or sample count this model and this runner cannot take."""
+def check_grid(model: str, max_context: int, tasks: list[str], lengths: list[int], samples: int) -> None:
+    """A ValueError for a task, length or sample count this runner and a model of `max_context` tokens cannot take
+    (the CLI asks before loading the model, from its config)."""
     for task in tasks:
         if task not in TASK_NAMES:
             raise ValueError(f"unknown task {task!r} (allowed: {', '.join(TASK_NAMES)})")
     for length in lengths:
-        if not MIN_LENGTH <= length <= loaded.info.max_context:
-            raise ValueError(f"length {length} is outside {MIN_LENGTH}..{loaded.info.max_context}, the context "
-                             f"{loaded.info.name} takes")
+        if not MIN_LENGTH <= length <= max_context:
+            raise ValueError(f"length {length} is outside {MIN_LENGTH}..{max_context}, the context {model} takes")
     if not 1 <= samples <= MAX_SAMPLES:
         raise ValueError(f"samples={samples} must be in 1..{MAX_SAMPLES}")
 
@@ -204,7 +204,7 @@ def ruler_grid(
     rows as they are done, so an interrupted run keeps them."""
     tasks, lengths = list(tasks), list(lengths)
     check_press_mode(press_mode)
-    check_grid(loaded, tasks, lengths, samples)
+    check_grid(loaded.info.name, loaded.info.max_context, tasks, lengths, samples)
     haystack_text(haystack)  # a bad file fails here, before any prefill
     tiers = [t for t in tiers if not t.is_native] + [TIERS["native"]]  # native last: it answers in the prefill's cache
     for tier in tiers:

@@ -143,3 +143,18 @@ def test_quality_at_depths_writes_a_row_per_tier_and_depth_and_a_chart_per_metri
     assert main(["quality", "--depths", "48", "--tiers", "hf-quanto-int4"]) == 1  # peers need their own prefill
     assert main(["quality", "--depths", "1000000", "--tiers", "int8"]) == 1  # past the model's context
     assert "more than smollm2-135m's context" in capsys.readouterr().err
+
+
+def test_a_length_past_the_context_is_refused_before_the_model_loads(monkeypatch, capsys):
+    import codeckv.models
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the lengths were checked")
+
+    monkeypatch.setattr(codeckv.models, "load_model", no_load)
+    assert main(["ruler", "--lengths", "8193", "--samples", "1"]) == 1
+    assert "length 8193 is outside 256..8192, the context smollm2-135m takes" in capsys.readouterr().err
+    assert main(["quality", "--depths", "8000", "--tiers", "int8"]) == 1
+    assert "8257 tokens a window, more than smollm2-135m's context of 8192" in capsys.readouterr().err
+    assert main(["needle", "--lengths", "8180", "--tiers", "int8"]) == 1
+    assert "length 8180 + 16 answer tokens exceeds smollm2-135m's context of 8192" in capsys.readouterr().err
