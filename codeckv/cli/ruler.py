@@ -56,8 +56,9 @@ def run(args: argparse.Namespace) -> None:
     from codeckv.measure.table import format_table, numbers, write_csv
 
     tiers = [run_for(name) for name in args.tiers]
-    haystack_text(args.haystack)  # a bad file, a length past the context or an --update of other samples are
-    model, context = model_context(args)  # said before the model loads
+    # a bad haystack file, a length past the context, an --update of other samples: each said before the model loads
+    haystack_text(args.haystack)
+    model, context = model_context(args)
     check_grid(model, context, args.tasks, args.lengths, args.samples)
     out = Path(args.out or f"out/ruler-{file_stem(model)}.csv")
     kept = _read(out) if args.update and out.exists() else []
