@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 
 from codeckv.codecs.base import Codec
@@ -41,6 +42,8 @@ from codeckv.codecs.lloyd_max import LloydMaxQuant
 from codeckv.codecs.pca import JointPCA
 from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rotation import Rotation
+from codeckv.codecs.vllm_tq_keys import TQKeys
+from codeckv.codecs.vllm_tq_values import TQValues
 from codeckv.presses import PRESSES, RATIOS, Budget, Press, SnapKVPress, StreamingLLMPress, TOVAPress
 
 MAX_RAW_TOKENS = 1 << 20  # keep_first / keep_recent at most: far past any context a cache here holds
@@ -66,6 +69,8 @@ class Tier:
     joint: JointPCA | None = None  # keys and values of a layer coded together (calibrated per model), no key/value
     per_layer: tuple[tuple[int, Tier], ...] = ()  # (layer index, tier) overriding this tier there (cache/schedule.py)
     press: Press | None = None  # which tokens each layer keeps (codeckv/presses); the codecs store the kept ones
+    boundary: int = 0  # the first and last `boundary` layers keep their native cache on a model without linear
+    # attention (vLLM's get_boundary_skip_layers; cache/schedule.py with_boundary turns it into a schedule)
 
     def __post_init__(self) -> None:
         for side, codec in (("key", self.key), ("value", self.value)):
@@ -91,6 +96,12 @@ class Tier:
         _check_count(self.keep_recent, f"Tier {self.name!r}: keep_recent")
         if not self.max_rel_error >= 0:
             raise ValueError(f"Tier {self.name!r}: max_rel_error={self.max_rel_error!r} must be >= 0")
+        if isinstance(self.boundary, bool) or not isinstance(self.boundary, int) or not 0 <= self.boundary <= 64:
+            raise ValueError(f"Tier {self.name!r}: boundary={self.boundary!r} must be a whole number of layers "
+                             "in 0..64")
+        if self.boundary and self.per_layer:
+            raise ValueError(f"Tier {self.name!r}: boundary layers and a per-layer schedule together (allowed: one; "
+                             "a schedule can name the native layers itself)")
         indices = [entry[0] if isinstance(entry, tuple) and len(entry) == 2 else None for entry in self.per_layer]
         for index, entry in zip(indices, self.per_layer):
             if isinstance(index, bool) or not isinstance(index, int) or index < 0 or not isinstance(entry[1], Tier):
@@ -149,6 +160,45 @@ def _turbo(name: str, key_bits: int, value_bits: int, max_rel_error: float) -> T
         value=Rotation(inner=LloydMaxQuant(bits=value_bits, group=32)),
         max_rel_error=max_rel_error,
     )
+
+
+def _vllm_tq(preset: str, key_bits: int, value_bits: int) -> Tier:
+    """vLLM's `--kv-cache-dtype turboquant_<preset>` (vllm/model_executor/layers/quantization/turboquant/config.py,
+    TQ_PRESETS): keys FP8 (8 bits) or rotated Lloyd-Max with norm correction (codecs/vllm_tq_keys.py), values on a
+    uniform grid per vector (codecs/vllm_tq_values.py), the first and last 2 layers native as vLLM keeps them on a
+    dense model (TurboQuantConfig.get_boundary_skip_layers)."""
+    if key_bits == 8:
+        key, keys = FP8("e4m3"), "K FP8 E4M3"
+    else:
+        key, keys = TQKeys(bits=key_bits), f"K rotated {key_bits}-bit Lloyd-Max + fp16 norm, norm-corrected"
+    description = f"vLLM's turboquant_{preset.replace('-', '_')}: {keys}, V {value_bits}-bit uniform per vector " \
+                  f"(fp16 scale, zero){boundary_text(VLLM_BOUNDARY)}"
+    return Tier(f"vllm-tq-{preset}", description, key=key, value=TQValues(bits=value_bits), boundary=VLLM_BOUNDARY,
+                max_rel_error=VLLM_TQ_ERRORS[preset])
+
+
+def boundary_text(layers: int) -> str:
+    """What a tier's boundary does, as the end of its description."""
+    return f"; first and last {layers} layers native" if layers else ""
+
+
+SKIP = re.compile(r"^(?P<base>.+)-skip(?P<layers>\d{1,2})$")  # "turbo-3-skip2": turbo-3, its boundary layers native
+
+
+def with_boundary(tier: Tier, layers: int) -> Tier:
+    """`tier` with its first and last `layers` layers native (vLLM's --kv-cache-dtype-skip-layers rule on a dense model;
+    0: every layer coded), named "<tier>-skip<layers>": turbo-3-skip2, vllm-tq-3bit-nc-skip0."""
+    if tier.per_layer or tier.is_native or tier.joint is not None:
+        raise ValueError(f"'{tier.name}' cannot keep boundary layers native (allowed: a per-tensor or press tier "
+                         "without a schedule)")
+    base = tier.description.removesuffix(boundary_text(tier.boundary))
+    return dataclasses.replace(tier, name=f"{tier.name}-skip{layers}", boundary=layers,
+                               description=base + (boundary_text(layers) or "; every layer coded"))
+
+
+VLLM_BOUNDARY = 2  # vLLM's get_boundary_skip_layers(n=2)
+VLLM_TQ_ERRORS = {"k8v4": 0.17, "4bit-nc": 0.17, "k3v4-nc": 0.18, "3bit-nc": 0.36}  # on the test signal: one min/max a
+# vector spends its 4-bit grid on the signal's 10x outlier channels (values 0.16, 3-bit 0.35; turbo-4's 0.07)
 
 
 def _pca(name: str, bits_per_element: float) -> Tier:
@@ -308,6 +358,10 @@ TIERS: dict[str, Tier] = _tiers(
     _turbo("turbo-4", key_bits=4, value_bits=4, max_rel_error=0.09),
     _turbo("turbo-3", key_bits=3, value_bits=3, max_rel_error=0.18),
     _turbo("turbo-k4v2", key_bits=4, value_bits=2, max_rel_error=0.35),
+    _vllm_tq("k8v4", key_bits=8, value_bits=4),
+    _vllm_tq("4bit-nc", key_bits=4, value_bits=4),
+    _vllm_tq("k3v4-nc", key_bits=3, value_bits=4),
+    _vllm_tq("3bit-nc", key_bits=3, value_bits=3),
     *(_press(f"{name}-{ratio_tag(ratio)}", PRESSES[name](ratio), how) for name, how in PRESS_METHODS.items()
       for ratio in RATIOS),
     _budget("streamingllm-budget256", StreamingLLMPress(), "StreamingLLM (4 sinks + the newest tokens)"),
@@ -333,7 +387,11 @@ def get_tier(name: str) -> Tier:
     press, plus, codec = name.partition("+") if isinstance(name, str) else ("", "", "")
     if plus and press in TIERS and codec in TIERS:
         return compose(TIERS[press], TIERS[codec])
-    raise ValueError(f"unknown tier {name!r} (allowed: {', '.join(TIERS)}, or press+tier such as snapkv-50+turbo-4)")
+    skip = SKIP.match(name) if isinstance(name, str) else None
+    if skip and skip["base"] in TIERS:
+        return with_boundary(TIERS[skip["base"]], int(skip["layers"]))
+    raise ValueError(f"unknown tier {name!r} (allowed: {', '.join(TIERS)}, press+tier such as snapkv-50+turbo-4, or "
+                     "tier-skipN such as turbo-3-skip2: its first and last N layers native)")
 
 
 def as_tier(tier: Tier | str) -> Tier:

@@ -153,6 +153,8 @@ def _why_no_kernel(layout: RowLayout | NoRowLayout, head_dim: int, dtype: torch.
     spec = layout.quant
     if layout.block == 1 and spec is None:
         return "raw per-token rows: a plain cast, no kernel"
+    if spec is not None and spec.codec_encodes:
+        return "codes chosen by the codec's own rule (vLLM's rounding): the codec encodes them, the kernels read them"
     if not encoder_writes(spec):
         return "a codebook scaled by the format's own rule (E2M1): the codec encodes it, the kernels read it"
     if dtype not in FLOAT_INPUTS:

@@ -298,7 +298,10 @@ def quant_outputs(spec: QuantRows, shape: tuple[int, int, int, int], device: tor
 
 def encoder_writes(spec: QuantRows | None) -> bool:
     """True for rows quantize_pack writes: a min/max grid, or Lloyd-Max levels with their search tables. Other
-    codebooks (FP4's E2M1, scaled by its own rule) are encoded by their codec."""
+    codebooks (FP4's E2M1, scaled by its own rule) and rows whose codec chooses its codes itself (vLLM's TurboQuant
+    values) are encoded by their codec."""
+    if spec is not None and spec.codec_encodes:
+        return False
     return spec is None or not spec.lloyd_max or (spec.thresholds is not None and bool(spec.scale_multiples))
 
 

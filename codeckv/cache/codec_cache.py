@@ -45,7 +45,7 @@ from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
 from codeckv.cache.reasons import codes_reason, view_reason
 from codeckv.cache.saved_format import save_cache
-from codeckv.cache.schedule import layer_tiers, schedule
+from codeckv.cache.schedule import bound_to_layers, layer_tiers, schedule
 from codeckv.loaded import WINDOWED, LoadedModel
 from codeckv.presses import Budget, check_press_mode
 from codeckv.tiers import Tier, as_tier
@@ -126,6 +126,7 @@ class CodecCache(Cache):
         if why_not is not None:
             materialization_free = False
         layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        tier = bound_to_layers(tier, layer_types)
         new_layer = _codec_layer(tier, materialization_free, calibration, layer_types, raw_until, layer_kwargs)
         coded = [t is not None and not t.is_native for t in layer_tiers(tier, layer_types)]
         layers = [new_layer(index) if coded[index] else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs)
@@ -161,6 +162,7 @@ class CodecCache(Cache):
         kinds = {DynamicLayer: "full_attention", DynamicSlidingWindowLayer: "sliding_attention"}
         layer_types = [kinds.get(type(layer), type(layer).__name__) for layer in cache.layers]
         layer_kwargs = [{"sliding_window": getattr(layer, "sliding_window", None)} for layer in cache.layers]
+        tier = bound_to_layers(tier, layer_types)
         new_layer = _codec_layer(tier, materialization_free, calibration, layer_types, raw_until, layer_kwargs)
         coded = [t is not None and not t.is_native for t in layer_tiers(tier, layer_types)]
         layers = []

@@ -19,12 +19,14 @@ digest refuses). The safetensors metadata holds one key, "codeckv", a JSON objec
     short_view            true when its codes layers chose a short context's decoded view by themselves (the
                           default path, codeckv/cache/coded_layer.py); absent = false
     model                 name (null when not given), geometry (per layer: "codec" (with its "window" where it
-                          slides) or "sliding" and its window; KV heads, head_dim, dtype), calibration (PCA tiers:
+                          slides), "sliding" and its window, or "native" (a full-attention layer a schedule or a
+                          tier's boundary leaves native); KV heads, head_dim, dtype), calibration (PCA tiers:
                           sha256 of every layer's coder; else null)
     tokens, batch         tokens every layer holds; rows of the batch
     layers                per model layer: {"kind": "codec", "length", "archived_upto", "raw_until"} (and "first",
                           the first position a sliding codec layer holds) or {"kind": "sliding",
-                          "cumulative_length"}; length: tokens seen; raw_until (cache/layers.py, "Raw until N"):
+                          "cumulative_length"} or {"kind": "native", "length"}; length: tokens seen; raw_until
+                          (cache/layers.py, "Raw until N"):
                           tokens the layer holds raw before it archives, null = never; absent (files written
                           before it) = 0, as those caches archived from the first unit
     splits                variable-length tensors (PCA streams): their length per layer
@@ -34,11 +36,12 @@ digest refuses). The safetensors metadata holds one key, "codeckv", a JSON objec
 
 Tensors: "token_ids" (B, T) int32, and per layer kind each tensor a layer exports (CodecLayer.export_state: the
 raw sinks and tail, the archive's code tensors or PCA streams, their lengths and rungs; a sliding layer: its
-window's keys and values) stacked over the layers of that kind on a new first axis, as "codec.<name>" /
-"sliding.<name>" (a 1-D variable-length one, concatenated). The codec layers of a schedule are stacked per tier
-and window, in the order they first appear in the model's layers: "codec.<name>" for the first, "codec1.<name>",
-"codec2.<name>", ... So a file is the cache's held bytes at rest (archive + raw tokens) plus the token ids and a
-header of a few KiB (`python -m codeckv saved-size` measures it per tier).
+window's keys and values; a native layer: its keys and values) stacked over the layers of that kind on a new first
+axis, as "codec.<name>" / "sliding.<name>" / "native.<name>" (a 1-D variable-length one, concatenated). The codec
+layers of a schedule are stacked per tier and window, in the order they first appear in the model's layers:
+"codec.<name>" for the first, "codec1.<name>", "codec2.<name>", ... So a file is the cache's held bytes at rest
+(archive + raw tokens) plus the token ids and a header of a few KiB (`python -m codeckv saved-size` measures it per
+tier).
 
 Loading checks everything it can before it reads a tensor: the file size (max_bytes), the safetensors header
 (every offset inside the file, nothing missing at its end), the JSON, format and version, the tier (rebuilt from
@@ -60,12 +63,14 @@ from pathlib import Path
 import safetensors
 import safetensors.torch
 import torch
-from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 from codeckv.cache.layers import CodecLayer
 from codeckv.cache.pca_layer import PCALayer
 from codeckv.codecs import DCT, FP4, FP8, Cast, Delta, GroupQuant, LloydMaxQuant, Rotation
 from codeckv.codecs.pca import JointPCA
+from codeckv.codecs.vllm_tq_keys import TQKeys
+from codeckv.codecs.vllm_tq_values import TQValues
 from codeckv.loaded import LoadedModel
 from codeckv.tiers import Tier
 
@@ -74,7 +79,8 @@ VERSION = 3  # 2: per-layer schedules, PCA chunks' rate-control rungs ("rungs");
 READABLE_VERSIONS = (1, 2, 3)
 MAX_FILE_BYTES = 512 << 20  # load_cache's default cap: an 8k-token lossless (png) cache of smollm2-135m fits
 MAX_HEADER_BYTES = 8 << 20  # the safetensors JSON header (the Chat's conversation text included)
-CODECS = {cls.__name__: cls for cls in (Cast, DCT, Delta, FP4, FP8, GroupQuant, LloydMaxQuant, Rotation)}
+CODECS = {cls.__name__: cls for cls in (Cast, DCT, Delta, FP4, FP8, GroupQuant, LloydMaxQuant, Rotation, TQKeys,
+                                        TQValues)}
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
@@ -191,9 +197,11 @@ def _kinds(cache) -> list[dict]:
             kinds.append({"kind": "codec"} if layer.window is None else {"kind": "codec", "window": layer.window})
         elif type(layer) is DynamicSlidingWindowLayer:
             kinds.append({"kind": "sliding", "window": layer.sliding_window})
+        elif type(layer) is DynamicLayer:  # a layer the tier's schedule or boundary leaves native
+            kinds.append({"kind": "native"})
         else:
             raise SavedCacheError(f"layer {index} is a {type(layer).__name__}, which this format cannot save "
-                                  "(allowed: codec layers and DynamicSlidingWindowLayer)")
+                                  "(allowed: codec layers, DynamicLayer and DynamicSlidingWindowLayer)")
     return kinds
 
 
@@ -214,13 +222,13 @@ def cache_geometry(cache) -> dict:
 
 
 def tensor_groups(cache) -> list[str]:
-    """Per layer, the group its tensors are stacked in: "sliding", or "codec", "codec1", ... by the layer's tier and
-    window."""
+    """Per layer, the group its tensors are stacked in: "sliding", "native", or "codec", "codec1", ... by the layer's
+    tier and window."""
     kinds: list = []
     groups = []
     for layer in cache.layers:
         if not isinstance(layer, CodecLayer):
-            groups.append("sliding")
+            groups.append("sliding" if type(layer) is DynamicSlidingWindowLayer else "native")
             continue
         kind = (layer.tier, layer.window)
         if kind not in kinds:
@@ -295,6 +303,9 @@ def save_cache(cache, path: str | Path, token_ids, model=None, extra=None) -> in
                                       "cannot save (allowed: tiers without a press)")
             tensors, counts = layer.export_state()
             kind = "codec"
+        elif group == "native":
+            tensors, counts, kind = {"keys": layer.keys, "values": layer.values}, {"length": layer.get_seq_length()}, \
+                "native"
         else:
             if layer.record_past:
                 raise SavedCacheError(f"sliding layer {index} records its past (assisted decoding): crop it first")

@@ -176,7 +176,7 @@ def _checked_counts(cache, layers: list, tokens: int, groups: list[str]) -> list
     if len(layers) != len(cache.layers):
         raise SavedCacheError(f"the header describes {len(layers)} layers, the model has {len(cache.layers)}")
     checked = []
-    for index, (counts, layer) in enumerate(zip(layers, cache.layers)):
+    for index, (counts, layer, group) in enumerate(zip(layers, cache.layers, groups)):
         if not isinstance(counts, dict):
             raise SavedCacheError(f"layer {index}: its entry is not an object")
         if isinstance(layer, CodecLayer):
@@ -194,6 +194,9 @@ def _checked_counts(cache, layers: list, tokens: int, groups: list[str]) -> list
             valid = valid and (held_raw or length - keep_recent - upto < layer.unit)
             entry = {"kind": "codec", "length": length, "archived_upto": upto, "raw_until": raw_until}
             entry |= {"first": first} if layer.window is not None else {}
+        elif group == "native":
+            valid = counts.get("kind") == "native" and counts.get("length") == tokens
+            entry = {"kind": "native", "length": tokens}
         else:
             cumulative = counts.get("cumulative_length")
             valid = counts.get("kind") == "sliding" and cumulative == tokens
@@ -202,7 +205,7 @@ def _checked_counts(cache, layers: list, tokens: int, groups: list[str]) -> list
             raise SavedCacheError(f"layer {index}: counts {counts} are not what a {tokens}-token cache of this tier "
                                   "holds (the file is corrupted)")
         checked.append(entry)
-    for group in set(groups) - {"sliding"}:
+    for group in set(groups) - {"sliding", "native"}:
         if len({json.dumps(c, sort_keys=True) for c, g in zip(checked, groups) if g == group}) > 1:
             raise SavedCacheError("the counts of codec layers of one tier disagree (the file is corrupted)")
     return checked
@@ -213,7 +216,10 @@ def _expected(cache, counts: list[dict], groups: list[str], batch: int, tokens: 
     b, h, d = batch, geometry["kv_heads"], geometry["head_dim"]
     expected = {"token_ids": (torch.int32, (b, tokens))}
     sliding = [layer for layer, c in zip(cache.layers, counts) if c["kind"] == "sliding"]
-    for group in dict.fromkeys(g for g in groups if g != "sliding"):
+    native = sum(c["kind"] == "native" for c in counts)
+    for name in ("keys", "values") if native else ():
+        expected[f"native.{name}"] = (dtype, (native, b, h, tokens, d))
+    for group in dict.fromkeys(g for g in groups if g not in ("sliding", "native")):
         members = [(layer, c) for layer, c, g in zip(cache.layers, counts, groups) if g == group]
         for name, (kind_dtype, shape) in _expected_per_layer(*members[0], b, h, d, dtype).items():
             expected[f"{group}.{name}"] = (kind_dtype, len(members) if shape is None else (len(members), *shape))
@@ -313,4 +319,6 @@ def _fill(cache, counts: list[dict], groups: list[str], tensors: dict, splits: d
             layer.load_state(mine, c)
         else:
             layer.lazy_initialization(mine["keys"], mine["values"])
-            layer.keys, layer.values, layer.cumulative_length = mine["keys"], mine["values"], c["cumulative_length"]
+            layer.keys, layer.values = mine["keys"], mine["values"]
+            if c["kind"] == "sliding":
+                layer.cumulative_length = c["cumulative_length"]

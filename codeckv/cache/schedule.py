@@ -85,6 +85,26 @@ def check_layers(tier: Tier, layer_types: list[str]) -> None:
                              f"full-attention layers {ranges(full)}, or a per-tensor tier)")
 
 
+def boundary_layers(tier: Tier, layer_types: list[str]) -> list[int]:
+    """The layers a tier's `boundary` leaves native, as vLLM's get_boundary_skip_layers picks them: the first and last
+    min(boundary, layers // 2) layers of a model whose layers all keep keys and values; none on a hybrid (a model
+    with linear-attention or other stateful layers), where vLLM protects none."""
+    count = len(layer_types)
+    if not tier.boundary or any(kind not in KV_KINDS for kind in layer_types):
+        return []
+    n = min(tier.boundary, count // 2)
+    return sorted({*range(n), *range(count - n, count)})
+
+
+def bound_to_layers(tier: Tier, layer_types: list[str]) -> Tier:
+    """A tier with boundary layers as the per-layer schedule it is on this model: those layers native, the name kept."""
+    if not tier.boundary:
+        return tier
+    native = TIERS["native"]
+    return dataclasses.replace(tier, boundary=0,
+                               per_layer=tuple((index, native) for index in boundary_layers(tier, layer_types)))
+
+
 def tiers_used(tier: Tier) -> list[Tier]:
     """The distinct plain tiers of a schedule: its base first, then its overrides (a plain tier: itself)."""
     return list(dict.fromkeys([dataclasses.replace(tier, per_layer=()), *(t for _, t in tier.per_layer)]))
@@ -92,6 +112,7 @@ def tiers_used(tier: Tier) -> list[Tier]:
 
 def layer_tiers(tier: Tier, layer_types: list[str]) -> list[Tier | None]:
     """The plain tier of every model layer (None where the layer stays native: codes_layer)."""
+    tier = bound_to_layers(tier, layer_types)
     check_layers(tier, layer_types)
     return [tier.tier_at(index) if codes_layer(kind, tier.tier_at(index)) else None
             for index, kind in enumerate(layer_types)]

@@ -65,6 +65,7 @@ class QuantRows:
     codes: str = "codes"  # names of the stored tensors (before the layout's prefix)
     scale: str = "scale"
     offset: str | None = None  # e.g. "zero" (added after scaling), or None
+    codec_encodes: bool = False  # the codec's own encoder chooses the codes (vLLM's rounding); kernels only read
 
     @property
     def lloyd_max(self) -> bool:

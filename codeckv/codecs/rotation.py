@@ -28,14 +28,20 @@ from codeckv.codecs.layout import NoRowLayout, RowLayout
 from codeckv.codecs.quant import GroupQuant
 
 
+def sylvester(size: int) -> torch.Tensor:
+    """Sylvester's Hadamard matrix of +1/-1, (size, size) float32 on CPU, size a power of two (symmetric)."""
+    hadamard = torch.ones(1, 1)
+    while hadamard.shape[0] < size:
+        hadamard = torch.cat([torch.cat([hadamard, hadamard], 1), torch.cat([hadamard, -hadamard], 1)])
+    return hadamard
+
+
 @functools.cache
 def _matrix(head_dim: int, seed: int) -> torch.Tensor:
     """Q = diag(signs) @ blockdiag(Hadamard(b), ...) / sqrt(b): (D, D) float32 on CPU, b the largest power of two
     dividing D (b = D for a power of two: one Hadamard over every channel)."""
     block = head_dim & -head_dim  # the largest power of two dividing head_dim
-    hadamard = torch.ones(1, 1)
-    while hadamard.shape[0] < block:
-        hadamard = torch.cat([torch.cat([hadamard, hadamard], 1), torch.cat([hadamard, -hadamard], 1)])
+    hadamard = sylvester(block)
     generator = torch.Generator().manual_seed(seed)
     signs = torch.randint(0, 2, (head_dim,), generator=generator).float() * 2 - 1  # (D,)
     return signs[:, None] * torch.block_diag(*[hadamard] * (head_dim // block)) / block**0.5

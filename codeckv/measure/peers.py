@@ -85,10 +85,12 @@ def run_for(name: str | Tier | Peer | LlamaCppPeer) -> Tier | Peer | LlamaCppPee
         return PEERS[name]
     if name in LLAMACPP_PEERS:
         return LLAMACPP_PEERS[name]
-    if name in TIERS:
-        return get_tier(name)
-    raise ValueError(f"unknown tier {name!r} (allowed tiers: {', '.join(TIERS)}; "
-                     f"peers: {', '.join(PEERS)}; llama.cpp: {', '.join(LLAMACPP_PEERS)})")
+    try:
+        return get_tier(name)  # a preset, press+tier or tier-skipN (codeckv/tiers.py)
+    except ValueError:
+        raise ValueError(f"unknown tier {name!r} (allowed tiers: {', '.join(TIERS)}, press+tier such as "
+                         f"snapkv-50+turbo-4, tier-skipN such as turbo-3-skip2; peers: {', '.join(PEERS)}; llama.cpp: "
+                         f"{', '.join(LLAMACPP_PEERS)})") from None
 
 
 def absent_reason(peer: Peer | LlamaCppPeer, info: ModelInfo | None = None) -> str | None:

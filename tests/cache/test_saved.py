@@ -159,12 +159,16 @@ def test_a_per_layer_schedule_is_saved_and_resumes_with_the_same_tokens(tiny, ba
     torch.testing.assert_close(torch.stack(got_logits), torch.stack(want_logits), rtol=0, atol=0)
 
 
-def test_a_schedule_with_a_native_full_attention_layer_is_not_saved(tiny, tmp_path):
+def test_a_native_full_attention_layer_is_saved_with_its_tokens(tiny, tmp_path):
+    """A schedule's (or a tier's boundary) native full-attention layer goes in the file as "native.keys / values"."""
     model, _, prompt = tiny
     cache = make_cache(model.config, "native", False, per_layer={5: "int8"})
     _greedy(model, cache, prompt, 1)
-    with pytest.raises(SavedCacheError, match="layer 2 is a DynamicLayer.*allowed: codec layers"):
-        cache.save(tmp_path / "n.kvc", prompt, model)
+    cache.save(tmp_path / "n.kvc", prompt, model)
+    saved = load_cache(tmp_path / "n.kvc", model)
+    assert [c["kind"] for c in saved.header["layers"]] == ["sliding"] * 2 + ["native"] + ["sliding"] * 2 + ["codec"]
+    assert torch.equal(saved.cache.layers[2].keys, cache.layers[2].keys)
+    assert torch.equal(saved.cache.layers[2].values, cache.layers[2].values)
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
 """Per-layer schedules (cache/schedule.py): parsed from text, checked against the model, built layer by layer."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -7,11 +9,11 @@ from codeckv.cache import CODES, VIEW, CodecCache, make_cache, steady_state_rati
 from codeckv.cache.attention import use_codec_attention
 from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.layers import CodecLayer
-from codeckv.cache.schedule import MAX_SCHEDULE_CHARS, layers_text, parse_layers, ranges, schedule
+from codeckv.cache.schedule import MAX_SCHEDULE_CHARS, boundary_layers, layers_text, parse_layers, ranges, schedule
 from codeckv.measure.generate import next_logits
 from codeckv.measure.runs import attention_counts
 from codeckv.serve.formatting import attention_text
-from codeckv.tiers import TIERS
+from codeckv.tiers import TIERS, get_tier
 
 
 @pytest.mark.parametrize("text, want", [
@@ -131,3 +133,41 @@ def test_a_native_prefill_converts_into_a_schedule_its_windows_too(tiny_gemma3):
         "the window's 15 tokens from position 25: a unit archived (32-39), the rest raw"
     with pytest.raises(ValueError, match="layer 1 is a sliding_attention layer, which PCA tiers leave native"):
         CodecCache.from_cache(native, schedule("turbo-4", {1: "pca-8x"}))
+
+
+@pytest.mark.parametrize("kinds, boundary, want", [
+    (["full_attention"] * 24, 2, [0, 1, 22, 23]),  # vLLM's get_boundary_skip_layers on a dense model
+    (["full_attention"] * 3, 2, [0, 2]),  # never more than half the layers: min(2, 3 // 2) on each side
+    (["sliding_attention", "full_attention"] * 3, 1, [0, 5]),  # sliding-window layers count as layers
+    (["linear_attention", "full_attention"] * 4, 2, []),  # a hybrid: vLLM protects none
+    (["full_attention"] * 24, 0, []),
+])
+def test_boundary_layers_are_the_ones_vllm_keeps_native(kinds, boundary, want):
+    tier = dataclasses.replace(TIERS["turbo-3"], boundary=boundary)
+    assert boundary_layers(tier, kinds) == want
+
+
+def test_a_tier_with_boundary_layers_keeps_them_native_in_the_cache(tiny_gemma3):
+    cache = make_cache(tiny_gemma3.config, "vllm-tq-3bit-nc")
+    assert cache.tier.name == "vllm-tq-3bit-nc" and cache.tier.boundary == 0, "the schedule keeps the preset's name"
+    kinds = [type(layer).__name__ for layer in cache.layers]
+    assert kinds == ["DynamicSlidingWindowLayer"] * 2 + ["CodecLayer"] * 2 + ["DynamicSlidingWindowLayer",
+                                                                            "DynamicLayer"]
+    everywhere = make_cache(tiny_gemma3.config, "vllm-tq-3bit-nc-skip0")
+    assert [type(layer).__name__ for layer in everywhere.layers] == ["CodecLayer"] * 6
+    turbo = make_cache(tiny_gemma3.config, "turbo-3-skip1")
+    assert [i for i, layer in enumerate(turbo.layers) if isinstance(layer, CodecLayer)] == [1, 2, 3, 4]
+
+
+def test_boundary_tiers_are_named_and_refused_where_they_cannot_be():
+    tier = get_tier("turbo-3-skip2")
+    assert tier.boundary == 2 and tier.key == TIERS["turbo-3"].key and tier.description.endswith(
+        "first and last 2 layers native")
+    every = get_tier("vllm-tq-3bit-nc-skip0")
+    assert every.boundary == 0 and every.description.endswith("every layer coded")
+    for name, match in (("pca-8x-skip2", "cannot keep boundary layers native"), ("native-skip2", "cannot keep"),
+                        ("turbo-9-skip2", "unknown tier"), ("turbo-3-skip200", "unknown tier")):
+        with pytest.raises(ValueError, match=match):
+            get_tier(name)
+    with pytest.raises(ValueError, match="boundary layers and a per-layer schedule together"):
+        dataclasses.replace(schedule("turbo-4", {0: "int8"}), boundary=2)

@@ -13,6 +13,7 @@ import torch
 
 from codeckv.codecs import DCT, FP4, FP8, Cast, Delta, GroupQuant, LloydMaxQuant, Rotation
 from codeckv.codecs.layout import NoRowLayout, QuantRows, RawRows, RowLayout
+from codeckv.codecs.vllm_tq_values import TQValues
 from codeckv.tiers import TIERS
 from kernels import ops
 from kernels.dct_decode import dct_decode_supported, dct_decode_triton
@@ -28,14 +29,18 @@ DECLARED = {name: codec for name, codec in CODECS.items() if isinstance(layout_o
 
 
 def test_most_preset_codecs_declare_a_layout():
-    """png stores deltas; fp8-e4m3-cal's rows need a scale per head, which no kernel multiplies by."""
-    assert set(CODECS) - set(DECLARED) == {"png.key", "png.value", "fp8-e4m3-cal.key", "fp8-e4m3-cal.value"}
+    """png stores deltas; fp8-e4m3-cal's rows need a scale per head, which no kernel multiplies by; vLLM's
+    TurboQuant keys divide each row by its level vector's norm (norm correction), which no kernel computes."""
+    vllm_keys = {f"vllm-tq-{preset}.key" for preset in ("4bit-nc", "k3v4-nc", "3bit-nc")}
+    assert set(CODECS) - set(DECLARED) == {"png.key", "png.value", "fp8-e4m3-cal.key", "fp8-e4m3-cal.value",
+                                           *vllm_keys}
 
 
 @pytest.mark.parametrize("codec", DECLARED.values(), ids=DECLARED.keys())
 def test_every_declared_layout_encodes_and_decodes_through_its_kernel(codec, random_kv, assert_same_storage):
     """Through the kernels its layout selects; the formats encode themselves (FP8: a cast; FP4: its E2M1 scale
-    rule, which no quantizer kernel applies) and FP4 decodes through dequant_rotate, its scales read as bytes."""
+    rule, which no quantizer kernel applies; vLLM's TurboQuant values: vLLM's rounding) and FP4 and TQValues decode
+    through dequant_rotate, their scales read as bytes."""
     x = random_kv((1, 2, 2 * max(codec.block_tokens, 8), 64))
     want = codec.encode(x)
     if dct_encode_supported(x, codec):
@@ -46,7 +51,7 @@ def test_every_declared_layout_encodes_and_decodes_through_its_kernel(codec, ran
         got, decoded = rotate_quant_triton(x, codec), dequant_rotate_triton(want, codec)
     else:
         layout = layout_of(codec)
-        assert isinstance(codec, FP8 | FP4), f"{codec!r}: only the formats encode themselves"
+        assert isinstance(codec, FP8 | FP4 | TQValues), f"{codec!r}: only the formats encode themselves"
         assert ops.backend_name("cuda", codec) == "triton", "every op but the encoder is a kernel's"
         got = want
         decoded = dequant_rotate_triton(want, codec) if layout.quant is not None else codec.decode(want)
