@@ -252,9 +252,10 @@ def compose(press_tier: Tier, codec_tier: Tier) -> Tier:
                       and not isinstance(t.press, Budget))
         raise ValueError(f"'{press_tier.name}' is not a press tier that evicts at prefill (a token budget keeps its "
                          f"tokens raw; allowed before '+': {', '.join(composable)})")
-    if codec_tier.key is None or codec_tier.press is not None or codec_tier.per_layer:
-        raise ValueError(f"'{codec_tier.name}' is not a per-tensor codec tier (allowed after '+': "
-                         f"{', '.join(n for n, t in TIERS.items() if t.key is not None and t.press is None)})")
+    if codec_tier.key is None or codec_tier.press is not None or codec_tier.per_layer or codec_tier.boundary:
+        codecs = (n for n, t in TIERS.items() if t.key is not None and t.press is None and not t.boundary)
+        raise ValueError(f"'{codec_tier.name}' is not a per-tensor codec tier on every layer (allowed after '+': "
+                         f"{', '.join(codecs)})")
     return dataclasses.replace(codec_tier, name=f"{press_tier.name}+{codec_tier.name}",
                                description=f"{press_tier.description.split(':')[0]} {press_tier.press.ratio:.0%} "
                                            f"evicted, the kept tokens stored as {codec_tier.name}: "

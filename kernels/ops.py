@@ -100,7 +100,9 @@ def op_backends(
         reason = "no CUDA device" if not on_cuda else "keys and values differ in block geometry (r, k)"
         paths["attention"] = f"torch decode_attention_torch ({reason}{_compiled_part(coded[0], head_dim, on_cuda)})"
     else:
-        reasons = {_why_no_kernel(layout_of(c), head_dim, dtype) for c in (key_codec, value_codec)}
+        unread = [layout_of(c) for c in (key_codec, value_codec) if isinstance(layout_of(c), NoRowLayout)]
+        reasons = {layout.reason for layout in unread} or {_why_no_kernel(layout_of(c), head_dim, dtype)
+                                                           for c in (key_codec, value_codec)}
         paths["attention"] = f"torch reference, decodes first ({'; '.join(sorted(reasons))})"
     return paths
 

@@ -4,6 +4,7 @@
     .venv/bin/python scripts/quality_table.py --full corpus     # one text's whole table (ΔNLL, Δp, the tails)
     .venv/bin/python scripts/quality_table.py --full bible --model qwen2.5-coder-0.5b
     .venv/bin/python scripts/quality_table.py --ratio       # Qwen's KLD over SmolLM2's, per tier and text
+    .venv/bin/python scripts/quality_table.py --ppl --tiers vllm-tq-k8v4 ...   # perplexity change, per text
     .venv/bin/python scripts/quality_table.py --tiers int8 turbo-4 fp8-e4m3   # the headline's rows of these only
     .venv/bin/python scripts/quality_table.py --presses -presses-4k --tiers snapkv-50 ...   # presses on 4k contexts
 
@@ -63,11 +64,12 @@ def _name(row: dict) -> str:
 
 
 def headline(models: list[str], tiers: list[str] | None = None, presses: str = PRESSES) -> str:
-    """Every row of the models' corpus CSVs (the first model's order), or those of `tiers`, what it stores, and per
-    model its KLD on each text and its top-1 on the Bible (the text furthest from every calibration)."""
+    """Every row of the models' corpus CSVs (the first model's order), or those of `tiers` in their order, what it
+    stores (per model where the models differ: a tier whose boundary layers stay native), and per model its KLD on
+    each text and its top-1 on the Bible (the text furthest from every calibration)."""
     texts = {m: {s: rows for s in SOURCES if (rows := _rows(m, s, presses))} for m in models}
     order = list(dict.fromkeys(tier for m in models for rows in texts[m].values() for tier in rows))
-    order = [tier for tier in order if tiers is None or tier in tiers]
+    order = order if tiers is None else [tier for tier in tiers if tier in order]  # in the order given
     head = ["cache", "stores (vs bf16)"]
     for model in models:
         name = SHORT.get(model, model)
@@ -75,7 +77,9 @@ def headline(models: list[str], tiers: list[str] | None = None, presses: str = P
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for tier in order:
         first = next(rows[tier] for m in models for rows in texts[m].values() if tier in rows)
-        cells = [_name(first), f"{100 * stored_vs_bf16(first):.1f}%"]
+        stored = dict.fromkeys(f"{100 * stored_vs_bf16(rows[tier]):.1f}%" for m in models
+                               for rows in list(texts[m].values())[:1] if tier in rows)  # per model, where it differs
+        cells = [_name(first), " / ".join(stored)]
         for model in models:
             for rows in texts[model].values():
                 cells.append(_kld(_num(rows[tier], "kld")) if tier in rows else "")
@@ -85,8 +89,9 @@ def headline(models: list[str], tiers: list[str] | None = None, presses: str = P
     return "\n".join(lines)
 
 
-def full(model: str, source: str, presses: str = PRESSES) -> str:
-    rows = _rows(model, source, presses)
+def full(model: str, source: str, presses: str = PRESSES, tiers: list[str] | None = None) -> str:
+    """One text's whole table (every row, or those of `tiers`)."""
+    rows = {tier: row for tier, row in _rows(model, source, presses).items() if tiers is None or tier in tiers}
     head = ["cache", "vs bf16", "KLD ± se", "KLD 99.9%", "KLD max", "top-1 % ± se", "ΔNLL % ± se", "RMS Δp"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for row in rows.values():
@@ -97,6 +102,28 @@ def full(model: str, source: str, presses: str = PRESSES) -> str:
             f"{_num(row, 'delta_nll_pct'):+.2f} ± {_num(row, 'delta_nll_se'):.2f}",
             f"{100 * _num(row, 'dp_rms'):.2f}%",
         ]) + " |")
+    return "\n".join(lines)
+
+
+def perplexity(models: list[str], tiers: list[str] | None = None) -> str:
+    """Each tier's perplexity change on every text, 100 (exp(NLL_tier - NLL_native) - 1) % ± its standard error (the
+    ΔNLL's, in nats, through the same exponential): the figure vLLM's TurboQuant config quotes."""
+    texts = {m: {s: rows for s in SOURCES if (rows := _rows(m, s))} for m in models}
+    head = ["cache", *(f"{SHORT.get(m, m)} ΔPPL {s}" for m in models for s in texts[m])]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    order = [t for t in dict.fromkeys(t for m in models for r in texts[m].values() for t in r) if t != "native"]
+    for tier in (t for t in order if tiers is None or t in tiers):
+        cells = [f"`{tier}`"]
+        for model in models:
+            for rows in texts[model].values():
+                if tier not in rows or "native" not in rows:
+                    cells.append("")
+                    continue
+                base = _num(rows["native"], "nll")
+                delta = _num(rows[tier], "nll") - base
+                spread = math.exp(delta) * _num(rows[tier], "delta_nll_se") * base / 100
+                cells.append(f"{100 * math.expm1(delta):+.2f} ± {100 * spread:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -122,14 +149,17 @@ def main() -> None:
                         help="models (the headline: each beside the others; --full: the first)")
     parser.add_argument("--full", choices=list(SOURCES), help="one text's whole table instead of the headline")
     parser.add_argument("--ratio", action="store_true", help="the second model's KLD over the first's, per text")
-    parser.add_argument("--tiers", nargs="+", help="the headline's rows of these caches only")
+    parser.add_argument("--tiers", nargs="+", help="the rows of these caches only (headline, --full, --ppl)")
+    parser.add_argument("--ppl", action="store_true", help="each tier's perplexity change on every text")
     parser.add_argument("--presses", default=PRESSES,
                         help="suffix of the presses' CSVs (default -presses: 1,024-token contexts; -presses-4k: 4,096)")
     args = parser.parse_args()
     if args.ratio:
         print(ratios(args.model))
+    elif args.ppl:
+        print(perplexity(args.model, args.tiers))
     else:
-        print(full(args.model[0], args.full, args.presses) if args.full
+        print(full(args.model[0], args.full, args.presses, args.tiers) if args.full
               else headline(args.model, args.tiers, args.presses))
 
 

@@ -90,9 +90,19 @@ class Footprint:
 
     @property
     def steady_state_ratio(self) -> float:
-        """Bytes per archived token / bf16 bytes per token (nan until something is archived)."""
+        """Bytes per archived token / bf16 bytes per token (nan until something is archived). A full-attention layer
+        a schedule leaves native (vLLM's boundary layers) costs a bf16 token's bytes per token: the layers' ratios
+        weighted by their bf16 bytes per token."""
         reference = self._sum("archived_bf16_bytes")
-        return self._sum("code_bytes") / reference if reference else math.nan
+        if not reference:
+            return math.nan
+        native = [f for f in self.layers if f.full_attention and f.kind != "codec" and f.tokens]
+        if not native:
+            return self._sum("code_bytes") / reference
+        coded = [f for f in self.layers if f.full_attention and f.archived_tokens]
+        bf16_per_token = [f.bf16_bytes / (f.reference_tokens or f.tokens) for f in (*coded, *native)]
+        stored = sum(f.code_bytes / f.archived_tokens for f in coded) + sum(bf16_per_token[len(coded):])
+        return stored / sum(bf16_per_token)
 
     def _tokens(self, attr: str) -> int:
         """A token count of the first counted layer (every full-attention codec layer holds the same tokens)."""

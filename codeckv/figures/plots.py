@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from codeckv.codecs.vllm_tq_values import TQValues
 from codeckv.figures.labels import PLOT_AREA_PX, legend_rows, place_labels
 from codeckv.measure.inspection import ChannelSpectrum, HeadView, LayerError, Spectrum
 from codeckv.measure.llamacpp import LLAMACPP_PEERS
@@ -33,6 +34,7 @@ PEER_COLOR = "#be185d"  # magenta, open diamonds: the peers (transformers' Quant
 LLAMACPP_COLOR = "#c2410c"  # orange, open squares: llama.cpp's KV types (codeckv/measure/llamacpp.py)
 FORMAT_COLOR = "#0891b2"  # teal, stars: the engines' formats (FP8, FP4)
 PRESS_COLOR = "#15803d"  # green, down triangles: presses; filled hexagons: a press over a codec
+VLLM_COLOR = "#7c3aed"  # violet, pentagons: vLLM's TurboQuant presets (codecs/vllm_tq_keys.py, vllm_tq_values.py)
 CODEC_COLORS = ["#2563eb", "#ea580c", "#059669", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777", "#4d7c0f"]
 
 TEMPLATE = go.layout.Template(
@@ -171,11 +173,12 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
 CODEC_FAMILY, FORMAT_FAMILY, PRESS_FAMILY, PRESS_CODEC_FAMILY = (
     "codecs", "formats: FP8, FP4", "presses (token eviction)", "press + codec")
 PEER_FAMILY, LLAMACPP_FAMILY = "peers: transformers QuantizedCache", "peers: llama.cpp KV types (vs its f16)"
-FAMILIES = (CODEC_FAMILY, FORMAT_FAMILY, PRESS_FAMILY, PRESS_CODEC_FAMILY, PEER_FAMILY, LLAMACPP_FAMILY)
+VLLM_FAMILY = "vLLM's TurboQuant presets"
+FAMILIES = (CODEC_FAMILY, FORMAT_FAMILY, VLLM_FAMILY, PRESS_FAMILY, PRESS_CODEC_FAMILY, PEER_FAMILY, LLAMACPP_FAMILY)
 FAMILY_MARKERS = {  # family -> (symbol, colour, open): told apart by marker and colour
     FORMAT_FAMILY: ("star", FORMAT_COLOR, False), PRESS_FAMILY: ("triangle-down", PRESS_COLOR, False),
     PRESS_CODEC_FAMILY: ("hexagon", PRESS_COLOR, False), PEER_FAMILY: ("diamond-open", PEER_COLOR, True),
-    LLAMACPP_FAMILY: ("square-open", LLAMACPP_COLOR, True),
+    LLAMACPP_FAMILY: ("square-open", LLAMACPP_COLOR, True), VLLM_FAMILY: ("pentagon", VLLM_COLOR, False),
 }
 
 
@@ -191,6 +194,8 @@ def family_of(name: str) -> str:
         return CODEC_FAMILY
     if tier.press is not None:
         return PRESS_FAMILY if tier.key is None else PRESS_CODEC_FAMILY
+    if isinstance(tier.value, TQValues):
+        return VLLM_FAMILY
     formats = {"FP8", "FP4"}
     return FORMAT_FAMILY if {type(tier.key).__name__, type(tier.value).__name__} & formats else CODEC_FAMILY
 

@@ -108,6 +108,8 @@ def test_a_press_is_refused_where_it_cannot_score(tiny_gemma3, loaded):
         Tier("bad", "", joint=TIERS["pca-8x"].joint, press=SnapKVPress(0.5))
     with pytest.raises(ValueError, match="is not a per-tensor codec tier"):
         get_tier("snapkv-50+pca-8x")
+    with pytest.raises(ValueError, match="is not a per-tensor codec tier on every layer"):
+        get_tier("snapkv-50+vllm-tq-k8v4")  # its boundary layers would stay native, unpressed
     with pytest.raises(ValueError, match="is not a press tier"):
         get_tier("turbo-4+int8")
     assert isinstance(make_cache(loaded, "tova-50"), CodecCache) and not TIERS["tova-50"].is_native

@@ -164,8 +164,8 @@ def test_the_tier_per_layer_figure_has_one_bar_series_per_tier(capture):
 
 
 def test_the_pareto_chart_tells_every_family_apart_by_marker_and_colour():
-    names = ["native", "turbo-4", "int8", "fp8-e4m3", "nvfp4", "snapkv-50", "tova-75", "snapkv-50+turbo-4",
-             "hf-quanto-int4", "llamacpp-q4_0"]
+    names = ["native", "turbo-4", "int8", "fp8-e4m3", "nvfp4", "vllm-tq-k8v4", "vllm-tq-3bit-nc-skip0", "snapkv-50",
+             "tova-75", "snapkv-50+turbo-4", "hf-quanto-int4", "llamacpp-q4_0"]
     rows = [{"tier": name, "ratio_vs_bf16": 0.1 + 0.05 * i, "kld": 0.01 * i, "kld_se": 0.001, "archive_bytes": 1000}
             for i, name in enumerate(names)]
     fig = plots.pareto_figure(rows, "kld")
@@ -173,6 +173,7 @@ def test_the_pareto_chart_tells_every_family_apart_by_marker_and_colour():
     assert list(traces) == list(plots.FAMILIES)
     assert list(traces[plots.PRESS_CODEC_FAMILY].text) == ["snapkv-50+turbo-4"]
     assert list(traces[plots.FORMAT_FAMILY].text) == ["fp8-e4m3", "nvfp4"]
+    assert list(traces[plots.VLLM_FAMILY].text) == ["vllm-tq-k8v4", "vllm-tq-3bit-nc-skip0"], "FP8 keys: still vLLM's"
     looks = {(str(t.marker.symbol), str(t.marker.color)) for name, t in traces.items() if name != plots.CODEC_FAMILY}
     assert len(looks) == len(traces) - 1, "each family its own marker and colour"
 
