@@ -107,7 +107,8 @@ def full(model: str, source: str, presses: str = PRESSES, tiers: list[str] | Non
 
 def perplexity(models: list[str], tiers: list[str] | None = None) -> str:
     """Each tier's perplexity change on every text, 100 (exp(NLL_tier - NLL_native) - 1) % ± its standard error (the
-    ΔNLL's, in nats, through the same exponential): the figure vLLM's TurboQuant config quotes."""
+    ΔNLL's, in nats, through the same exponential): the figure vLLM's TurboQuant config quotes. A row scored against
+    another reference (llama.cpp's, against its f16) is measured from that reference's NLL (its ΔNLL's)."""
     texts = {m: {s: rows for s in SOURCES if (rows := _rows(m, s))} for m in models}
     head = ["cache", *(f"{SHORT.get(m, m)} ΔPPL {s}" for m in models for s in texts[m])]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
@@ -116,11 +117,12 @@ def perplexity(models: list[str], tiers: list[str] | None = None) -> str:
         cells = [f"`{tier}`"]
         for model in models:
             for rows in texts[model].values():
-                if tier not in rows or "native" not in rows:
+                if tier not in rows:
                     cells.append("")
                     continue
-                base = _num(rows["native"], "nll")
-                delta = _num(rows[tier], "nll") - base
+                share = _num(rows[tier], "delta_nll_pct") / 100  # of the reference's NLL (llama.cpp's: its f16)
+                base = _num(rows[tier], "nll") / (1 + share)
+                delta = base * share
                 spread = math.exp(delta) * _num(rows[tier], "delta_nll_se") * base / 100
                 cells.append(f"{100 * math.expm1(delta):+.2f} ± {100 * spread:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
