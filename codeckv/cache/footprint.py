@@ -96,7 +96,7 @@ class Footprint:
         reference = self._sum("archived_bf16_bytes")
         if not reference:
             return math.nan
-        native = [f for f in self.layers if f.full_attention and f.kind != "codec" and f.tokens]
+        native = [f for f in self.layers if f.full_attention and f.kind == "DynamicLayer" and f.tokens]
         if not native:
             return self._sum("code_bytes") / reference
         coded = [f for f in self.layers if f.full_attention and f.archived_tokens]

@@ -25,7 +25,7 @@ import dataclasses
 import re
 
 from codeckv.loaded import KV_KINDS
-from codeckv.tiers import TIERS, Tier, as_tier
+from codeckv.tiers import SKIP, TIERS, Tier, as_tier
 
 MAX_SCHEDULE_CHARS = 600  # the Advanced panel's text: 30 layers of "12:jpeg-k8-int8, " fit
 SEPARATOR = " · "  # between the base tier's name and the overrides in a schedule's name
@@ -100,9 +100,15 @@ def bound_to_layers(tier: Tier, layer_types: list[str]) -> Tier:
     """A tier with boundary layers as the per-layer schedule it is on this model: those layers native, the name kept."""
     if not tier.boundary:
         return tier
+    kept = boundary_layers(tier, layer_types)
+    if len(kept) == len(layer_types):
+        named = SKIP.match(tier.name)
+        raise ValueError(f"tier '{tier.name}' keeps its first and last {tier.boundary} layers native (vLLM's rule), "
+                         f"which are all {len(layer_types)} layers of this model: nothing would be coded (allowed: a "
+                         f"model of more than {2 * tier.boundary} layers, or "
+                         f"'{named['base'] if named else tier.name}-skip0', every layer coded)")
     native = TIERS["native"]
-    return dataclasses.replace(tier, boundary=0,
-                               per_layer=tuple((index, native) for index in boundary_layers(tier, layer_types)))
+    return dataclasses.replace(tier, boundary=0, per_layer=tuple((index, native) for index in kept))
 
 
 def tiers_used(tier: Tier) -> list[Tier]:

@@ -157,6 +157,9 @@ def test_a_tier_with_boundary_layers_keeps_them_native_in_the_cache(tiny_gemma3)
     assert [type(layer).__name__ for layer in everywhere.layers] == ["CodecLayer"] * 6
     turbo = make_cache(tiny_gemma3.config, "turbo-3-skip1")
     assert [i for i, layer in enumerate(turbo.layers) if isinstance(layer, CodecLayer)] == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match=r"first and last 3 layers native \(vLLM's rule\), which are all 6 layers of "
+                                         r"this model.*allowed: a model of more than 6 layers, or 'turbo-3-skip0'"):
+        make_cache(tiny_gemma3.config, "turbo-3-skip3")
 
 
 def test_boundary_tiers_are_named_and_refused_where_they_cannot_be():

@@ -4,16 +4,20 @@ when the cache is made with the reason: a tiny random-weight model per family (C
 import pytest
 
 from codeckv.measure.families import FAMILIES, check_family
-from codeckv.tiers import TIERS, pca_tier
+from codeckv.tiers import TIERS, pca_tier, with_boundary
 
 # One preset per code path a family's cache can take, and a PCA tier built at another budget: the presets left out
 # run the same code at another count (a press at 75%, a DCT at another k, e5m2 beside e4m3, PCA at other rates, the
 # other budget presses). 46 families x every preset took 6 minutes of the suite; `python -m codeckv families` runs
 # them all.
 SAME_PATH_AS_KEPT = {"jpeg-k4", "jpeg-k2-int8", "fp8-e5m2", "pca-5x", "pca-16x", "pca-32x", "streamingllm-budget256",
-                     "tova-budget256", "snapkv-75+turbo-4"}
-TIER_LIST = [*(t for t in TIERS.values() if t.name not in SAME_PATH_AS_KEPT
-               and (t.press is None or t.press.ratio in (0.0, 0.5))), pca_tier(3.2)]
+                     "tova-budget256", "snapkv-75+turbo-4", "vllm-tq-4bit-nc", "vllm-tq-k3v4-nc"}
+# vLLM's presets keep their first and last 2 layers native, which are every layer of a 4-layer tiny model (refused:
+# tests/cache/test_schedule.py): their codecs run here with every layer coded, FP8 keys and Lloyd-Max keys.
+TIER_LIST = [*(t for t in TIERS.values() if t.name not in SAME_PATH_AS_KEPT and not t.boundary
+               and (t.press is None or t.press.ratio in (0.0, 0.5))),
+             *(with_boundary(t, 0) for t in TIERS.values() if t.boundary and t.name not in SAME_PATH_AS_KEPT),
+             pca_tier(3.2)]
 NO_FULL_ATTENTION = {"mistral", "gemma3_text", "falcon_h1", "recurrent_gemma"}  # windows, hybrids
 CODES_UNREADABLE = {  # why attention cannot read the codes of these families' caches (cache/reasons.py codes_reason)
     "falcon": "does not attend through codeckv's attention", "bloom": "does not attend through codeckv's attention",
