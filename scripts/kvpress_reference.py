@@ -39,6 +39,7 @@ from codeckv.measure.kvpress_check import (  # noqa: E402
 from codeckv.models import load_model  # noqa: E402
 from codeckv.paths import cache_dir  # noqa: E402
 from codeckv.presses import RATIOS  # noqa: E402
+from scripts.reference_venv import reference_venv  # noqa: E402
 
 KVPRESS_DEPS = ["accelerate<2,>=1.0.0", "cachetools<6,>=5.5.2", "datasets>=2.21.0", "fire<0.7,>=0.6.0",
                 "numpy<3,>=2.0.0", "pandas<3,>=2.2.2", "peft>=0.20.0", "requests<3,>=2.32.3", "safetensors"]
@@ -46,19 +47,8 @@ KVPRESS_DEPS = ["accelerate<2,>=1.0.0", "cachetools<6,>=5.5.2", "datasets>=2.21.
 
 def kvpress_venv(kvpress: str, transformers: str, torch: str) -> Path:
     """The python of a virtualenv holding kvpress==kvpress beside transformers==transformers (built once)."""
-    venv = cache_dir() / f"kvpress-{kvpress}-venv"
-    python = venv / "bin" / "python"
-    stamp = venv / ".installed"
-    want = f"kvpress=={kvpress} transformers=={transformers} torch=={torch}"
-    if stamp.exists() and stamp.read_text() == want:
-        return python
-    print(f"building {venv} ({want}) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, f"torch=={torch}", f"transformers=={transformers}", *KVPRESS_DEPS], check=True)
-    subprocess.run([*pip, "--no-deps", f"kvpress=={kvpress}"], check=True)
-    stamp.write_text(want)
-    return python
+    return reference_venv(f"kvpress-{kvpress}", [[f"torch=={torch}", f"transformers=={transformers}", *KVPRESS_DEPS],
+                                                 ["--no-deps", f"kvpress=={kvpress}"]])
 
 
 def print_check(model: str, fixture: Path) -> None:

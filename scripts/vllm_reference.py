@@ -37,7 +37,7 @@ from transformers import DynamicCache  # noqa: E402
 from codeckv.cache.attention import captured_queries  # noqa: E402
 from codeckv.corpus import bible_text  # noqa: E402
 from codeckv.models import load_model  # noqa: E402
-from codeckv.paths import cache_dir  # noqa: E402
+from scripts.reference_venv import reference_venv  # noqa: E402
 
 FIXTURES = REPO / "assets" / "vllm-reference"
 TOKENS = 64  # tokens of each layer's keys and values recorded: four of vLLM's 16-token pages
@@ -50,20 +50,8 @@ VLLM_IMPORTS = ["numpy", "packaging", "regex", "psutil", "pyzmq", "urllib3", "ai
 
 def vllm_venv(vllm: str, transformers: str, torch_version: str) -> Path:
     """The python of a virtualenv holding vllm==vllm's kernels beside torch==torch_version (built once)."""
-    venv = cache_dir() / f"vllm-{vllm}-venv"
-    python = venv / "bin" / "python"
-    stamp = venv / ".installed"
-    want = f"vllm=={vllm} transformers=={transformers} torch=={torch_version}"
-    if stamp.exists() and stamp.read_text() == want:
-        return python
-    print(f"building {venv} ({want}) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, f"torch=={torch_version}", "triton", f"transformers=={transformers}", *VLLM_IMPORTS],
-                   check=True)
-    subprocess.run([*pip, "--no-deps", f"vllm=={vllm}"], check=True)
-    stamp.write_text(want)
-    return python
+    return reference_venv(f"vllm-{vllm}", [[f"torch=={torch_version}", "triton", f"transformers=={transformers}",
+                                            *VLLM_IMPORTS], ["--no-deps", f"vllm=={vllm}"]])
 
 
 def record_inputs(model: str, layers: list[int] | None) -> dict[str, torch.Tensor]:
