@@ -202,7 +202,7 @@ def model_panel(model_name):
 
 
 def advanced_settings():
-    """The Advanced accordion: the knobs of codeckv.tiers.custom_tier. Returns the inputs in order."""
+    """The Advanced accordion: the knobs of codeckv.custom_tier.custom_tier. Returns the inputs in order."""
     with gr.Accordion("Advanced: build a custom tier", open=False):
         custom = gr.Checkbox(label="Use these settings instead of the preset", value=False)
         with gr.Row():

@@ -43,7 +43,7 @@ _HOMES = {
     "TIERS": "codeckv.tiers",
     "Tier": "codeckv.tiers",
     "as_tier": "codeckv.tiers",
-    "custom_tier": "codeckv.tiers",
+    "custom_tier": "codeckv.custom_tier",
     "get_tier": "codeckv.tiers",
     "SavedCache": "codeckv.cache.saved_format",
     "SavedCacheError": "codeckv.cache.saved_format",

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ("codeckv", "codeckv.paths", "codeckv.loaded", "codeckv.corpus"),  # leaves (the package's lazy __init__)
     ("codeckv.codecs", "codeckv.presses"),  # how a layer stores its tokens; which tokens it keeps
-    ("codeckv.tiers",),
+    ("codeckv.tiers", "codeckv.custom_tier"),
     ("codeckv.cache",),
     ("codeckv.models",),
     ("codeckv.measure",),

@@ -23,10 +23,11 @@ from codeckv.cache.layers import MIN_ARCHIVE_TOKENS, CodecLayer
 from codeckv.cache.schedule import check_layers, parse_layers, schedule, tiers_used
 from codeckv.codecs.bitpack import ALLOWED_BITS
 from codeckv.codecs.dct import MAX_BLOCK
+from codeckv.custom_tier import custom_tier
 from codeckv.loaded import ModelInfo
 from codeckv.measure.peers import PEER_NAMES, Peer, run_for
 from codeckv.serve.limits import Limits
-from codeckv.tiers import MAX_RAW_TOKENS, TIERS, Tier, custom_tier, get_tier
+from codeckv.tiers import MAX_RAW_TOKENS, TIERS, Tier, get_tier
 
 MAX_GROUP = 256  # quantization group (channels or tokens)
 TEXT_FILE_TYPES = (".txt", ".md")

@@ -18,8 +18,9 @@ from codeckv.cache.layers import CodecLayer
 from codeckv.cache.saved_format import MAX_FILE_BYTES, SavedCacheError, tier_from_spec, tier_spec
 from codeckv.cache.saved_load import load_cache
 from codeckv.codecs.quant import GroupQuant
+from codeckv.custom_tier import custom_tier
 from codeckv.measure.generate import next_logits
-from codeckv.tiers import TIERS, custom_tier
+from codeckv.tiers import TIERS
 
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native and tier.press is None]  # a pressed cache
 # is refused by the format (tests/cache/test_presses.py)

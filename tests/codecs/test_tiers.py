@@ -9,7 +9,8 @@ from codeckv.cache import steady_state_ratio
 from codeckv.cache.layers import CodecLayer
 from codeckv.codecs import DCT, GroupQuant, LloydMaxQuant, Rotation
 from codeckv.codecs.fp8 import CALIBRATED
-from codeckv.tiers import TIERS, Tier, as_tier, custom_tier, get_tier
+from codeckv.custom_tier import custom_tier
+from codeckv.tiers import TIERS, Tier, as_tier, get_tier
 
 OUTLIER_CHANNELS = [3, 17, 40]
 

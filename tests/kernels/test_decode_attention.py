@@ -11,7 +11,8 @@ import torch.nn.functional as F
 import kernels.coded_side as coded_side
 import kernels.decode_attention_torch as fast
 from codeckv.codecs import DCT, GroupQuant
-from codeckv.tiers import TIERS, custom_tier
+from codeckv.custom_tier import custom_tier
+from codeckv.tiers import TIERS
 from kernels import Coded, Raw, ops
 from kernels.decode_attention import (
     MAX_QUERY_ROWS,

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from codeckv.cache import steady_state_ratio
+from codeckv.custom_tier import custom_tier
 from codeckv.measure.allocation import Sensitivity, allocate
-from codeckv.tiers import TIERS, custom_tier
+from codeckv.tiers import TIERS
 
 LADDER = [TIERS[name] for name in ("turbo-3", "turbo-4", "int8")]
 COST = {t.name: steady_state_ratio(t, 64) for t in LADDER}
