@@ -51,8 +51,11 @@ def _trapezoid(f, a: float, b: float) -> float:
 
 
 @functools.cache
-def levels(head_dim: int, bits: int) -> torch.Tensor:
-    """vLLM's Lloyd-Max levels for N(0, 1/head_dim) at `bits` bits: (2**bits,) float32, ascending (docstring)."""
+def levels(head_dim: int, bits: int, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+    """vLLM's Lloyd-Max levels for N(0, 1/head_dim) at `bits` bits: (2**bits,) float32, ascending (docstring); one
+    copy per device, so no step copies them host -> device."""
+    if device.type != "cpu":
+        return levels(head_dim, bits).to(device)
     count, sigma2 = 2**bits, 1.0 / head_dim
     lo, hi = -_SPREAD * math.sqrt(sigma2), _SPREAD * math.sqrt(sigma2)
 
@@ -74,16 +77,16 @@ def levels(head_dim: int, bits: int) -> torch.Tensor:
 
 
 @functools.cache
-def midpoints(head_dim: int, bits: int) -> torch.Tensor:
+def midpoints(head_dim: int, bits: int, device: torch.device = torch.device("cpu")) -> torch.Tensor:
     """The decision thresholds vLLM bucketizes with: neighbouring float32 levels' means, (2**bits - 1,) float32."""
-    c = levels(head_dim, bits)
+    c = levels(head_dim, bits, device)
     return (c[:-1] + c[1:]) / 2
 
 
 @functools.cache
-def hadamard(head_dim: int) -> torch.Tensor:
-    """H = Sylvester(D) / sqrt(D), (D, D) float32 on CPU: orthonormal and symmetric, vLLM's rotation."""
-    return sylvester(head_dim) / math.sqrt(head_dim)
+def hadamard(head_dim: int, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+    """H = Sylvester(D) / sqrt(D), (D, D) float32, one copy per device: orthonormal and symmetric, vLLM's rotation."""
+    return (sylvester(head_dim) / math.sqrt(head_dim)).to(device)
 
 
 def check_head_dim(head_dim: int, name: str) -> None:
@@ -118,18 +121,18 @@ class TQKeys:
         check_head_dim(d, "TQKeys")
         k = x.float()
         norm = k.norm(dim=-1, keepdim=True)  # (B, H, S, 1)
-        y = (k / (norm + 1e-8)) @ hadamard(d).to(x.device)  # (B, H, S, D)
-        codes = torch.bucketize(y, midpoints(d, self.bits).to(x.device), right=True)  # y >= midpoint: above it
+        y = (k / (norm + 1e-8)) @ hadamard(d, x.device)  # (B, H, S, D)
+        codes = torch.bucketize(y, midpoints(d, self.bits, x.device), right=True)  # y >= midpoint: above it
         return Encoded({"codes": pack_bits(codes, self.bits), "norm": norm.half()}, tuple(x.shape), x.dtype)
 
     def decode(self, enc: Encoded) -> torch.Tensor:
         """Levels times the stored norm (the level vector first brought to unit norm), rotated back: (B, H, S, D)."""
         codes = enc.data["codes"]
         d = enc.shape[-1]
-        c = levels(d, self.bits).to(codes.device)[unpack_bits(codes, self.bits)]  # (B, H, S, D)
+        c = levels(d, self.bits, codes.device)[unpack_bits(codes, self.bits)]  # (B, H, S, D)
         if self.norm_correction:
             c = c / torch.sqrt((c * c).sum(-1, keepdim=True) + 1e-16)
-        k = (enc.data["norm"].float() * c) @ hadamard(d).to(codes.device)
+        k = (enc.data["norm"].float() * c) @ hadamard(d, codes.device)
         return k.to(enc.dtype)
 
     def nbytes(self, enc: Encoded) -> int:
