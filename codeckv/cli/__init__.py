@@ -1,5 +1,5 @@
-"""Command line: codeckv quality|sweep|needle|ruler|inspect|memory|prefill|latency|saved-size|resume|pca-size|allocate|
-calibrate|families (python -m codeckv)
+"""Command line: codeckv quality|sweep|needle|ruler|reasoning|inspect|memory|prefill|latency|saved-size|resume|
+pca-size|allocate|calibrate|families (python -m codeckv)
 
 Tables on stdout, progress bars on stderr; CSV, JSON and HTML files under out/ unless --out / --charts
 say where (the docs' commands that regenerate the committed CSVs pass --out assets/...).
@@ -30,14 +30,15 @@ from codeckv.cli import (
     pca_size,
     prefill,
     quality,
+    reasoning,
     resume,
     ruler,
     saved_size,
     sweep,
 )
 
-COMMANDS = (quality, sweep, inspect_kv, needle, ruler, memory, prefill, latency, allocate, saved_size, resume, pca_size,
-            calibrate, families)
+COMMANDS = (quality, sweep, inspect_kv, needle, ruler, reasoning, memory, prefill, latency, allocate, saved_size,
+            resume, pca_size, calibrate, families)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -90,7 +90,8 @@ PARETO_METRICS = {
     "delta_nll_pct": ("ΔNLL vs native (%)", "ΔNLL %{customdata[1]:.2f} %", 10.0, 50.0),
 }
 # y metrics where higher is better, on a fixed 0-100 axis: RULER's score averaged over tasks (figures/long_context.py)
-PARETO_SCORES = {"score": ("RULER average (0-100)", "RULER average %{customdata[1]:.1f}")}
+PARETO_SCORES = {"score": ("RULER average (0-100)", "RULER average %{customdata[1]:.1f}"),
+                 "accuracy": ("word problems solved (%)", "accuracy %{customdata[1]:.1f}%")}
 
 
 def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | None = None,

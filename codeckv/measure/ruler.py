@@ -48,7 +48,7 @@ from codeckv.measure.long_tasks.haystack import DEFAULT_HAYSTACK, haystack_text
 from codeckv.measure.peers import Peer, absent_reason, filled_peer_cache, peer_footprint
 from codeckv.measure.shared_prefill import SharedPrefill, shared_prefill
 from codeckv.measure.side_by_side import PREFILL_CHUNK
-from codeckv.presses import Budget, check_press_mode
+from codeckv.presses import Budget, Decoding, check_press_mode
 from codeckv.tiers import TIERS, Tier
 
 Progress = Callable[[int, int, str], None]  # (samples done, samples in all, message); may raise to stop
@@ -70,7 +70,7 @@ class RulerRow:
     stored_vs_bf16: float  # what the cache stores per token seen vs bf16 after the context (mean)
     held_bytes: int  # every tensor the cache owned after the context (mean); 0 for llama.cpp (its buffers are its own)
     prompt_tokens: float  # context + question tokens (mean)
-    press_mode: str  # "once" or "chunked" for a press, "budget" for a token budget; "" otherwise
+    press_mode: str  # "once" or "chunked" for a press, "budget" for a token budget, "decoding"; "" otherwise
     seed: int
     haystack: str
 
@@ -96,9 +96,13 @@ def check_grid(model: str, max_context: int, tasks: list[str], lengths: list[int
         raise ValueError(f"samples={samples} must be in 1..{MAX_SAMPLES}")
 
 
-def _press_mode(tier, press_mode: str) -> str:
+def press_mode_of(tier, press_mode: str) -> str:
+    """How a tier's press acts here: "decoding" for a decoding press (its cache built from the shared prefill, which
+    it leaves alone), "budget" for a token budget, `press_mode` for another press, "" without one."""
     if not getattr(tier, "evicts", False):
         return ""
+    if isinstance(tier.press, Decoding):
+        return "decoding"
     return "budget" if isinstance(tier.press, Budget) else press_mode
 
 
@@ -174,12 +178,12 @@ class _Tally:
     held: int = 0
 
 
-def _tier_cache(loaded: LoadedModel, tier, prefill: SharedPrefill | None, context: torch.Tensor, press_mode: str):
+def tier_cache(loaded: LoadedModel, tier, prefill: SharedPrefill | None, context: torch.Tensor, press_mode: str):
     """(cache holding the context, stores vs bf16) for a tier or transformers peer."""
     if isinstance(tier, Peer):
         cache = filled_peer_cache(prefill.native, loaded.model.config, tier)
         return cache, peer_footprint(cache).ratio
-    if _press_mode(tier, press_mode) in ("chunked", "budget"):
+    if press_mode_of(tier, press_mode) in ("chunked", "budget"):
         cache = _own_prefill(loaded, tier, context)
     else:
         cache = prefill.native if tier.is_native else prefill.cache_for(tier)
@@ -232,8 +236,8 @@ def ruler_grid(
             tally = {t.name: _Tally([]) for t in todo}
             prefill_seconds, prompt_tokens = 0.0, []
             shared = [t for t in todo if not isinstance(t, LlamaCppPeer)
-                      and _press_mode(t, press_mode) not in ("chunked", "budget")]
-            presses = any(_press_mode(t, press_mode) == "once" for t in shared)
+                      and press_mode_of(t, press_mode) not in ("chunked", "budget")]
+            presses = any(press_mode_of(t, press_mode) == "once" for t in shared)
             for index in range(samples):
                 sample = long_sample(task, loaded.tokenizer, length, seed, index, haystack)
                 context = sample.context_ids.to(loaded.model.device)
@@ -257,7 +261,7 @@ def ruler_grid(
                         stored, held = (rule_bytes_per_token(tier, geometry)
                                         / rule_bytes_per_token(LLAMACPP_REFERENCE, geometry)), 0
                     else:
-                        cache, stored = _tier_cache(loaded, tier, prefill, context, press_mode)
+                        cache, stored = tier_cache(loaded, tier, prefill, context, press_mode)
                         held = held_bytes(cache) if not isinstance(tier, Peer) else peer_footprint(cache).resident_bytes
                         answers.append(_Answer(tier.name, cache, [_first_token(loaded, cache, question)]))
                     entry.seconds += time.perf_counter() - start
@@ -281,7 +285,7 @@ def ruler_grid(
                     statistics.stdev(entry.scores) / math.sqrt(samples) if samples > 1 else math.nan,
                     own + (prefill_seconds if tier.is_native else 0.0),
                     own / prefill_seconds if prefill_seconds else math.nan, entry.stored, entry.held,
-                    statistics.fmean(prompt_tokens), _press_mode(tier, press_mode), seed,
+                    statistics.fmean(prompt_tokens), press_mode_of(tier, press_mode), seed,
                     haystack))
             rows += cell
             if on_cell:
