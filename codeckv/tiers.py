@@ -43,7 +43,7 @@ from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rotation import Rotation
 from codeckv.codecs.vllm_tq_keys import TQKeys
 from codeckv.codecs.vllm_tq_values import TQValues
-from codeckv.presses import PRESSES, RATIOS, Budget, Press, SnapKVPress, StreamingLLMPress, TOVAPress
+from codeckv.presses import PRESSES, RATIOS, Budget, Decoding, Press, SnapKVPress, StreamingLLMPress, TOVAPress
 
 MAX_RAW_TOKENS = 1 << 20  # keep_first / keep_recent at most: far past any context a cache here holds
 
@@ -243,6 +243,17 @@ def _budget(name: str, press: Press, how: str, tokens: int = 256) -> Tier:
                       f"every {budget.interval} decode steps past it; keeps them raw", press=budget, max_rel_error=0.0)
 
 
+def _decoding(name: str, press: Press, how: str, tokens: int = 256, share: float = 0.0) -> Tier:
+    """kvpress's DecodingPress (or, with `share`, CompressionRatioDecodingPress) around `press`: the prompt kept
+    whole, every 16 decoding steps compressed to `tokens` (or to 1 - share of the tokens seen), kept raw
+    (presses/decoding.py)."""
+    decoding = Decoding(press=press, tokens=tokens, share=share)
+    target = f"{1 - share:.0%} of the tokens seen" if share else f"{tokens} tokens per layer"
+    return Tier(name, f"{how}, while decoding (kvpress's {'CompressionRatio' if share else ''}DecodingPress): the "
+                      f"prompt kept whole, every {decoding.interval} decoding steps compressed to {target}; keeps "
+                      "them raw", press=decoding, max_rel_error=0.0)
+
+
 def compose(press_tier: Tier, codec_tier: Tier) -> Tier:
     """A press tier's press over a per-tensor codec tier: "snapkv-50+turbo-4" keeps SnapKV's tokens stored as turbo-4
     stores them (presses/base.py). Refused for a PCA or native codec tier, or a first tier without a press."""
@@ -367,6 +378,9 @@ TIERS: dict[str, Tier] = _tiers(
     _budget("streamingllm-budget256", StreamingLLMPress(), "StreamingLLM (4 sinks + the newest tokens)"),
     _budget("tova-budget256", TOVAPress(), "TOVA (attention of the last query)"),
     _budget("snapkv-budget256", SnapKVPress(), "SnapKV (attention of the last 64 queries, pooled)"),
+    _decoding("streamingllm-decoding256", StreamingLLMPress(), "StreamingLLM (4 sinks + the newest tokens)"),
+    _decoding("tova-decoding256", TOVAPress(), "TOVA (attention of the last query)"),
+    _decoding("tova-decoding-50", TOVAPress(), "TOVA (attention of the last query)", share=0.5),
     _pca("pca-5x", 3.2),
     _pca("pca-8x", 2.0),
     _pca("pca-16x", 1.0),

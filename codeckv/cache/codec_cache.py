@@ -47,7 +47,7 @@ from codeckv.cache.reasons import codes_reason, view_reason
 from codeckv.cache.saved_format import save_cache
 from codeckv.cache.schedule import bound_to_layers, layer_tiers, schedule
 from codeckv.loaded import WINDOWED, LoadedModel
-from codeckv.presses import Budget, check_press_mode
+from codeckv.presses import Budget, Decoding, check_press_mode
 from codeckv.tiers import Tier, as_tier
 
 # Where a codec layer's attention reads its archived tokens (CodecCache.attention; serve/formatting.py phrases them):
@@ -155,7 +155,7 @@ class CodecCache(Cache):
         tier = _tier(tier, overrides)
         if tier.is_native:
             raise ValueError(f"tier '{tier.name}' is native: keep the cache itself (allowed: a tier that encodes)")
-        if tier.evicts and (queries is None or isinstance(tier.press, Budget)):
+        if tier.evicts and not isinstance(tier.press, Decoding) and (queries is None or isinstance(tier.press, Budget)):
             raise ValueError(f"tier '{tier.name}' has a press, which scores the prefill with its queries: pass the "
                              "prefill's queries (codeckv.cache.attention.captured_queries) or prefill through "
                              "make_cache(...)'s cache (a token budget always does)")
@@ -175,7 +175,7 @@ class CodecCache(Cache):
                 held = layer.keys.shape[2]
                 first = getattr(layer, "cumulative_length", held) - held  # the tokens a window dropped
                 converted.adopt(layer.keys, layer.values, first)
-                if tier.evicts and not first:
+                if tier.evicts and not first and not isinstance(tier.press, Decoding):  # it leaves the prefill alone
                     converted.press_context(queries[index], (rope or {}).get(index))
             layers.append(converted)
         result = cls(layers, tier)

@@ -6,7 +6,9 @@ head, the tokens of that prefill to keep; the layer drops the others, so their b
 kept token's position. Which prefills are pressed is the layer's `press_mode` (presses/base.py PRESS_MODES): "once",
 the first forward into the empty layer (the context; kvpress's protocol), or "chunked", every prefill chunk as it
 arrives. A token budget (presses/budget.py) presses everything held back to its size every `interval` decode
-steps, whatever the mode, and keeps the last queries its press reads.
+steps, whatever the mode, and keeps the last queries its press reads; a decoding press (presses/decoding.py,
+kvpress's DecodingPress) leaves the context's prefill alone and compresses every `interval` later forwards, with
+the queries of its last `buffer` forwards.
 
 The layer supplies what a press acts on: `held`, `length`, `first`, `tier`, `window`, `keys`, `device`,
 `_chunk(n)` (the last n held tokens, less the sinks, as (B, H, t, D) keys and values), `_keep(n, keep)` (keep those
@@ -18,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from codeckv.cache.rope import RotaryAt
-from codeckv.presses import Budget, Rope, check_press_mode, keep_indices
+from codeckv.presses import Budget, Decoding, Rope, check_press_mode, keep_indices
 
 PRESS_TAG = "codeckv_press"  # attribute of the keys a pressing layer returns (codeckv.cache.attention reads it)
 
@@ -42,6 +44,8 @@ class PressedLayer:
         self._pressable = 0  # the prefill chunk just taken, which its press evicts from after its attention
         self._positions: torch.Tensor | None = None  # (B, H, held) position of each held token, once a press evicted
         self._queries: torch.Tensor | None = None  # (B, Hq, q, D) a budget's last queries (Press.queries_read)
+        self._buffered: list[torch.Tensor] = []  # a decoding press's queries, one (B, Hq, t, D) per forward
+        self._steps = 0  # a decoding press's forwards since its last compression
 
     def _pressed_after(self, new: int, keys: torch.Tensor, values: torch.Tensor):
         """keys, values; tagged with this layer (PRESS_TAG) for codeckv's attention to call press() after attending,
@@ -54,6 +58,8 @@ class PressedLayer:
         budget = isinstance(self.tier.press, Budget)  # a budget sees every step's queries: it keeps the last ones
         first = self.length + self.evicted == new  # the first forward into the empty layer: the context's prefill
         when = budget or (new > 1 and (first or self.press_mode == "chunked"))
+        if isinstance(self.tier.press, Decoding):  # kvpress's DecodingPress: never the prefill, every later forward
+            when = not first
         self._pressable = new if self.tier.press is not None and when and self.window is None else 0
         if self._pressable:
             setattr(keys, PRESS_TAG, self)
@@ -66,7 +72,13 @@ class PressedLayer:
         the same count in every KV head (codeckv/presses/base.py)."""
         chunk, self._pressable = self._pressable, 0
         keep_count = None
-        if isinstance(self.tier.press, Budget):  # every token held is scored, with the last queries kept
+        if isinstance(self.tier.press, Decoding):
+            if not self._decoding_due(queries, chunk):
+                return
+            chunk, queries = self.held, torch.cat(self._buffered, dim=2)
+            keep_count = self.tier.press.target(self.length + self.evicted) - min(self.length, self.tier.keep_first)
+            self._buffered = []
+        elif isinstance(self.tier.press, Budget):  # every token held is scored, with the last queries kept
             wanted = self.tier.press.queries_read
             recent = queries if self._queries is None else torch.cat([self._queries, queries], dim=2)
             self._queries = recent[:, :, recent.shape[2] - wanted :].clone() if wanted else None
@@ -89,6 +101,22 @@ class PressedLayer:
         self.evicted += tokens - keep.shape[2]
         self._held_changed()
 
+    def _decoding_due(self, queries: torch.Tensor, new: int) -> bool:
+        """A decoding press's step (presses/decoding.py): buffer this forward's queries, count it; True when it
+        compresses now, with more tokens held than its target (the count restarts either way)."""
+        press = self.tier.press
+        self._buffered.append(queries)
+        self._steps += 1
+        seen = self.length + self.evicted
+        if not press.due(self._steps, new, seen):
+            self._buffered = self._buffered[-press.buffer:] if press.buffer else []
+            return False
+        self._steps = 0
+        if self.held > press.target(seen):
+            return True
+        self._buffered = []
+        return False
+
     def press_context(self, queries: torch.Tensor, rope_at: RotaryAt | None = None) -> None:
         """Press every token this layer holds as the context's prefill, just attended to by `queries` (B, Hq, S, D):
         the "once" protocol applied to tokens the layer adopted (CodecCache.from_cache) instead of prefilling."""
@@ -106,4 +134,5 @@ class PressedLayer:
 
     def _press_bytes(self) -> int:
         """What a press keeps beside the tokens: each kept token's position, a budget's last queries."""
-        return sum(t.numel() * t.element_size() for t in (self._positions, self._queries) if t is not None)
+        kept = [self._positions, self._queries, *self._buffered]
+        return sum(t.numel() * t.element_size() for t in kept if t is not None)

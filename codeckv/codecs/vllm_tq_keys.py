@@ -50,8 +50,11 @@ def _trapezoid(f, a: float, b: float) -> float:
     return (0.5 * (f(a) + f(b)) + sum(f(a + i * h) for i in range(1, _STEPS))) * h
 
 
+CPU = torch.device("cpu")  # where the tables are made first
+
+
 @functools.cache
-def levels(head_dim: int, bits: int, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+def levels(head_dim: int, bits: int, device: torch.device = CPU) -> torch.Tensor:
     """vLLM's Lloyd-Max levels for N(0, 1/head_dim) at `bits` bits: (2**bits,) float32, ascending (docstring); one
     copy per device, so no step copies them host -> device."""
     if device.type != "cpu":
@@ -77,14 +80,14 @@ def levels(head_dim: int, bits: int, device: torch.device = torch.device("cpu"))
 
 
 @functools.cache
-def midpoints(head_dim: int, bits: int, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+def midpoints(head_dim: int, bits: int, device: torch.device = CPU) -> torch.Tensor:
     """The decision thresholds vLLM bucketizes with: neighbouring float32 levels' means, (2**bits - 1,) float32."""
     c = levels(head_dim, bits, device)
     return (c[:-1] + c[1:]) / 2
 
 
 @functools.cache
-def hadamard(head_dim: int, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+def hadamard(head_dim: int, device: torch.device = CPU) -> torch.Tensor:
     """H = Sylvester(D) / sqrt(D), (D, D) float32, one copy per device: orthonormal and symmetric, vLLM's rotation."""
     return (sylvester(head_dim) / math.sqrt(head_dim)).to(device)
 

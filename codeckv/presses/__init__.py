@@ -15,6 +15,7 @@ from codeckv.presses.base import (
     kept_count,
 )
 from codeckv.presses.budget import Budget
+from codeckv.presses.decoding import Decoding
 from codeckv.presses.expected_attention import ExpectedAttentionPress
 from codeckv.presses.knorm import KnormPress
 from codeckv.presses.snapkv import SnapKVPress
@@ -29,6 +30,6 @@ PRESSES: dict[str, type[Press]] = {
     "expected": ExpectedAttentionPress,
 }
 
-__all__ = ["PRESSES", "PRESS_MODES", "PRESS_MODE_MEANING", "RATIOS", "Budget", "ExpectedAttentionPress", "KnormPress",
-           "Press", "Rope", "SnapKVPress", "StreamingLLMPress", "TOVAPress", "check_press_mode", "keep_indices",
-           "kept_count"]
+__all__ = ["PRESSES", "PRESS_MODES", "PRESS_MODE_MEANING", "RATIOS", "Budget", "Decoding", "ExpectedAttentionPress",
+           "KnormPress", "Press", "Rope", "SnapKVPress", "StreamingLLMPress", "TOVAPress", "check_press_mode",
+           "keep_indices", "kept_count"]
