@@ -43,7 +43,17 @@ from codeckv.codecs.quant import GroupQuant
 from codeckv.codecs.rotation import Rotation
 from codeckv.codecs.vllm_tq_keys import TQKeys
 from codeckv.codecs.vllm_tq_values import TQValues
-from codeckv.presses import PRESSES, RATIOS, Budget, Decoding, Press, SnapKVPress, StreamingLLMPress, TOVAPress
+from codeckv.presses import (
+    PRESSES,
+    RATIOS,
+    Budget,
+    Decoding,
+    KnormPress,
+    Press,
+    SnapKVPress,
+    StreamingLLMPress,
+    TOVAPress,
+)
 
 MAX_RAW_TOKENS = 1 << 20  # keep_first / keep_recent at most: far past any context a cache here holds
 
@@ -380,6 +390,7 @@ TIERS: dict[str, Tier] = _tiers(
     _budget("snapkv-budget256", SnapKVPress(), "SnapKV (attention of the last 64 queries, pooled)"),
     _decoding("streamingllm-decoding256", StreamingLLMPress(), "StreamingLLM (4 sinks + the newest tokens)"),
     _decoding("tova-decoding256", TOVAPress(), "TOVA (attention of the last query)"),
+    _decoding("knorm-decoding256", KnormPress(), "Key norm (the lowest L2 norms kept)"),
     _decoding("tova-decoding-50", TOVAPress(), "TOVA (attention of the last query)", share=0.5),
     _pca("pca-5x", 3.2),
     _pca("pca-8x", 2.0),
