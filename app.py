@@ -11,12 +11,14 @@ from pathlib import Path
 
 import gradio as gr
 
+import tabs.long_context
+import tabs.memory
+import tabs.reasoning
 from codeckv.cache.schedule import MAX_SCHEDULE_CHARS
 from codeckv.corpus import corpus_text
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.peers import PEER_NAMES, PEERS, absent_reason
 from codeckv.models import DEFAULT_MODEL
-from codeckv.presses import PRESS_MODE_MEANING, PRESS_MODES
 from codeckv.serve.formatting import model_markdown
 from codeckv.serve.guard import guarded
 from codeckv.serve.inputs import (
@@ -30,19 +32,16 @@ from codeckv.serve.inputs import (
     user_text,
 )
 from codeckv.serve.limits import Limits, StopFlag, release_memory
-from codeckv.serve.long_context import RULER_LENGTHS, RULER_TASKS, ruler_cells, ruler_request, ruler_views
 from codeckv.serve.pool import POOL, leased
 from codeckv.serve.preparation import PREPARATION
+from codeckv.serve.reasoning import BOUNDARY_CHOICES
 from codeckv.serve.reports import Reports
 from codeckv.serve.service import (
     DOWNLOAD_GPU_SECONDS,
     INSPECT_GPU_SECONDS,
     LONG_GPU_SECONDS,
     LONG_TEXT,
-    MEMORY_CONTEXTS,
     METRICS,
-    NEEDLE_DEPTHS,
-    NEEDLE_LENGTHS,
     ONE_PROMPT,
     RESUME_GPU_SECONDS,
     SOURCES,
@@ -55,16 +54,13 @@ from codeckv.serve.service import (
     end_session,
     fresh_stop,
     inspect_request,
-    memory_request,
     model_shape,
-    needle_cells,
-    needle_request,
     preparation_text,
     saved_model,
     sweep_request,
     sweep_token_kld,
 )
-from codeckv.serve.tab_views import memory_views, needle_views, sweep_downloads, sweep_pareto, sweep_views
+from codeckv.serve.tab_views import sweep_downloads, sweep_pareto, sweep_views
 from codeckv.tiers import TIERS
 
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
@@ -158,37 +154,6 @@ def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens,
     return (run.table, views["pareto"], gr.update(value=views["latency"], visible=views["prompt_mode"]),
             gr.update(value=views["token_match"], visible=views["prompt_mode"]), views["token_kld"], files,
             run.result, gr.update(choices=views["tiers"], value=views["worst"]))
-
-
-@gpu(duration=LONG_GPU_SECONDS)
-@guarded
-def run_needle(lengths, depths, tiers, model_name, press_mode="once", stop=None, progress=gr.Progress()):  # noqa: B008
-    """Pass-key retrieval of native and every chosen tier over prompt lengths and key depths."""
-    needle_cells(lengths, depths, press_mode=press_mode)  # refused before a model is touched
-    with leased(model_name) as loaded:
-        grid = needle_request(loaded, lengths, depths, tiers, bar_progress(progress), stop=fresh_stop(stop),
-                              press_mode=press_mode)
-    return needle_views(grid, REPORTS.fresh())
-
-
-@gpu(duration=LONG_GPU_SECONDS)
-@guarded
-def run_ruler(tasks, lengths, samples, tiers, model_name, press_mode="once", stop=None, progress=gr.Progress()):  # noqa: B008
-    """RULER-style tasks: native and every chosen tier, one native prefill per sample (the grid kept for the sweep)."""
-    ruler_cells(tasks, lengths, samples, press_mode=press_mode)  # refused before a model is touched
-    with leased(model_name) as loaded:
-        rows = ruler_request(loaded, tasks, lengths, samples, tiers, bar_progress(progress), stop=fresh_stop(stop),
-                             press_mode=press_mode)
-        return ruler_views(rows, REPORTS.fresh(), loaded.info.name)
-
-
-@gpu(duration=LONG_GPU_SECONDS)
-@guarded
-def run_memory(contexts, tiers, new_tokens, model_name, stop=None, progress=gr.Progress()):  # noqa: B008
-    """Held, peak and at-rest bytes of native and every chosen tier over prompt lengths: charts, table, CSV."""
-    with leased(model_name) as loaded:
-        rows = memory_request(loaded, contexts, tiers, new_tokens, bar_progress(progress), stop=fresh_stop(stop))
-    return memory_views(rows, REPORTS.fresh())
 
 
 @guarded
@@ -338,60 +303,10 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         ruler_state = gr.State(None)  # the Long context tab's last grid: the sweep's long-context axis
         stop_flag = gr.State(StopFlag())  # one per browser session, shared by the long-running tabs
 
-    with gr.Tab("Long context"):
-        gr.Markdown("RULER's synthetic tasks (needles, variable tracking, word counts), generated here from a seed: "
-                    "each sample's context is prefilled natively once and every tier's cache built from it (codecs "
-                    "convert it, presses evict from it, kvpress's protocol); score = share of the expected strings "
-                    "in the greedy answer. `python -m codeckv ruler` runs the full grid.")
-        with gr.Row():
-            ruler_tasks = gr.CheckboxGroup(list(RULER_TASKS), value=["niah_single_1", "niah_single_2"],
-                                           label="tasks", elem_id="ruler-tasks")
-            ruler_lengths = gr.CheckboxGroup(list(RULER_LENGTHS), value=[4096], label="tokens", elem_id="ruler-lengths")
-            ruler_samples = gr.Slider(1, 16, value=2, step=1, label="samples per task and length")
-        ruler_tiers = gr.CheckboxGroup([*CODEC_TIERS, *PEER_NAMES], value=["turbo-4", "snapkv-50"],
-                                       label="tiers and peers (beside native)")
-        with gr.Row():
-            ruler_button = gr.Button("Run RULER tasks", variant="primary", scale=4)
-            ruler_stop = gr.Button("Stop", scale=1)
-        ruler_heatmap = gr.Plot(label="score per task")
-        ruler_bytes = gr.Plot(label="score vs bytes")
-        ruler_table = gr.Dataframe(label="scores", interactive=False, elem_id="ruler-results")
-        ruler_csv = gr.File(label="download CSV")
-        gr.Markdown("**Pass key**: a 5-digit key hidden in filler text at several depths and lengths: does the greedy "
-                    "answer still contain it? Native runs once per cell; every tier answers from the same prompt.")
-        with gr.Row():
-            needle_lengths = gr.CheckboxGroup(list(NEEDLE_LENGTHS), value=list(NEEDLE_LENGTHS[:3]),
-                                              label="prompt tokens")
-            needle_depths = gr.CheckboxGroup(list(NEEDLE_DEPTHS), value=["0%", "50%", "100%"], label="depth of the key")
-        needle_tiers = gr.CheckboxGroup([*CODEC_TIERS, *PEER_NAMES], value=["turbo-4", "jpeg-k2"],
-                                        label="tiers and peers (beside native)")
-        needle_protocol = gr.Radio(list(PRESS_MODES), value="once", label="press protocol (both grids)", info="; ".join(
-            f"{mode}: {meaning}" for mode, meaning in PRESS_MODE_MEANING.items()))
-        with gr.Row():
-            needle_button = gr.Button("Run needle test", variant="primary", scale=4)
-            needle_stop = gr.Button("Stop", scale=1)
-        needle_plot = gr.Plot(label="retrieved")
-        needle_answers = gr.Dataframe(label="answers", interactive=False, elem_id="needle-results")
-        needle_csv = gr.File(label="download CSV")
-
-    with gr.Tab("Memory"):
-        gr.Markdown("What each cache really holds over a turn (prompt in 512-token chunks, then greedy tokens), "
-                    "measured now in this process from the tensors themselves: **held** at the end, the **peak** "
-                    "after any forward, and **at rest** between turns (a decoded view dropped). A tier runs on its "
-                    "stored codes where a kernel reads them, and with a decoded view. The process-wide peak of "
-                    "each turn, one fresh process per row: `python -m codeckv memory`.")
-        with gr.Row():
-            memory_contexts = gr.CheckboxGroup(list(MEMORY_CONTEXTS), value=[1024, 2048, 4096], label="prompt tokens")
-            memory_tokens = gr.Slider(1, 64, value=16, step=1, label="new tokens per turn")
-        memory_tiers = gr.CheckboxGroup(CODEC_TIERS, value=["turbo-4", "pca-8x"], label="tiers (beside native)")
-        with gr.Row():
-            memory_button = gr.Button("Measure memory", variant="primary", scale=4)
-            memory_stop = gr.Button("Stop", scale=1)
-        with gr.Row():
-            memory_held = gr.Plot(label="held vs context")
-            memory_peak = gr.Plot(label="peak held vs context")
-        memory_rows = gr.Dataframe(label="bytes per cache", interactive=False, elem_id="memory-results")
-        memory_csv = gr.File(label="download CSV")
+    stops = [sweep_stop, *tabs.long_context.build(model_name, stop_flag, [*CODEC_TIERS, *PEER_NAMES], ruler_state,
+                                                  (sweep_state, sweep_metric, pareto))]
+    stops.append(tabs.reasoning.build(model_name, stop_flag, [*CODEC_TIERS, *BOUNDARY_CHOICES, *PEER_NAMES]))
+    stops.append(tabs.memory.build(model_name, stop_flag, CODEC_TIERS))
 
     demo.load(model_panel, model_name, [model_info, layer, head, preparing])
     model_name.change(model_panel, model_name, [model_info, layer, head, preparing])
@@ -429,16 +344,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     )
     sweep_metric.change(sweep_pareto, [sweep_state, sweep_metric, ruler_state], pareto, api_name=False)
     kld_tier.change(sweep_token_kld, [sweep_state, kld_tier], token_kld, api_name=False)
-    needle_button.click(run_needle, [needle_lengths, needle_depths, needle_tiers, model_name, needle_protocol,
-                                     stop_flag],
-                        [needle_plot, needle_answers, needle_csv], api_name="needle")
-    ruler_button.click(run_ruler, [ruler_tasks, ruler_lengths, ruler_samples, ruler_tiers, model_name,
-                                   needle_protocol, stop_flag],
-                       [ruler_heatmap, ruler_bytes, ruler_table, ruler_csv, ruler_state], api_name="ruler").success(
-        sweep_pareto, [sweep_state, sweep_metric, ruler_state], pareto, api_name=False)
-    memory_button.click(run_memory, [memory_contexts, memory_tiers, memory_tokens, model_name, stop_flag],
-                        [memory_held, memory_peak, memory_rows, memory_csv], api_name="memory")
-    for button in (sweep_stop, ruler_stop, needle_stop, memory_stop):
+    for button in stops:
         button.click(request_stop, stop_flag, None, queue=False, api_name=False)
 
 if __name__ == "__main__":

@@ -81,10 +81,11 @@ def one_of(value, name: str, allowed) -> str:
     return value
 
 
-def chosen_tiers(values, name: str = "tiers", allow_native: bool = True, peers: bool = False) -> list[Tier | Peer]:
-    """The Tiers (and, with `peers`, the peers: transformers' and llama.cpp's, codeckv/measure/peers.py) of a
-    non-empty list of distinct names."""
-    allowed = [t for t in TIERS if allow_native or not TIERS[t].is_native] + (PEER_NAMES if peers else [])
+def chosen_tiers(values, name: str = "tiers", allow_native: bool = True, peers: bool = False,
+                 also: tuple[str, ...] = ()) -> list[Tier | Peer]:
+    """The Tiers (and, with `peers`, the peers: transformers' and llama.cpp's, codeckv/measure/peers.py; and the
+    names in `also`, such as a boundary tier turbo-3-skip2) of a non-empty list of distinct names."""
+    allowed = [t for t in TIERS if allow_native or not TIERS[t].is_native] + (PEER_NAMES if peers else []) + list(also)
     if not isinstance(values, list | tuple) or not values:
         raise ValueError(f"choose at least one of the {name} (allowed: {', '.join(allowed)})")
     names = [one_of(v, name, allowed) for v in values]

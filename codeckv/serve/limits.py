@@ -37,6 +37,7 @@ class Limits:
     max_needle_tokens: int = 40_000  # prompt tokens of all the cells of a needle grid, summed
     max_ruler_tokens: int = 32_768  # prompt tokens of all the samples of a RULER grid (tasks x samples x lengths)
     max_cache_file_bytes: int = 256 << 20  # an uploaded codec cache file (Chat: resume a saved conversation)
+    max_reasoning_tokens: int = 2048  # problems x reply budget of one Reasoning grid (generated tokens, per tier)
     max_memory_tokens: int = 32_000  # prompt tokens of all the turns of one Memory chart, summed
     max_idle_mib: int = 4096  # caches all idle chat sessions hold together (codeckv/serve/sessions.py); LRU past it
 

@@ -2,7 +2,8 @@
 
 Types a question and sees both panels fill (printing the time to the first streamed token), asks about
 an embedded long document from the examples row, opens every tab, runs a long-text sweep and a small RULER grid
-(the Long context tab), then charts its score on the Tier sweep's quality axis, and saves
+(the Long context tab), then charts its score on the Tier sweep's quality axis, runs two word problems (the
+Reasoning tab), and saves
 screenshots to assets/screenshots/ (the README shows them), checking that no figure in them has a clipped or
 overlapping title, legend or label (tests/figure_layout.py).
 """
@@ -25,6 +26,7 @@ SWEPT = ("png", "int8", "rotated-4", "turbo-4", "jpeg-k2")  # a spread of the fr
 # machine, and the app's server budget is longer still (tests/app/conftest.py), so the test never races it.
 SWEEP_SECONDS = 1800
 RULER_SECONDS = 900  # niah_single_1 at 1k tokens, 2 samples, native + 2 tiers: about a minute on an idle machine
+REASONING_SECONDS = 900  # 2 word problems, 64-token replies, native + 2 tiers: well under a minute on an idle machine
 
 pytestmark = [
     pytest.mark.browser,
@@ -141,3 +143,23 @@ def test_long_context_tab_runs_a_small_ruler_grid(page):
         titles = page.locator("#sweep-pareto .gtitle")
         title = titles.first.text_content() if titles.count() else ""
     assert title.startswith("RULER average at 1,024 tokens"), f"the sweep's chart is titled {title!r}"
+
+
+def test_reasoning_tab_follows_each_tier_along_its_own_reply(page):
+    page.get_by_role("tab", name="Reasoning").click()
+    page.locator("#reasoning-steps").get_by_label("3", exact=True).uncheck()
+    page.locator("#reasoning-problems input[type=number]").fill("2")
+    page.locator("#reasoning-budget input[type=number]").fill("64")
+    page.get_by_role("button", name="Run word problems").click()
+    table, deadline = "", time.time() + REASONING_SECONDS
+    while not all(name in table for name in ("native", "turbo-3-skip2")) and time.time() < deadline:
+        page.wait_for_timeout(1000)
+        table = page.locator("#reasoning-results").inner_text()
+    page.wait_for_timeout(2000)  # let the charts draw
+    page.screenshot(path=str(SHOTS / "reasoning.png"), full_page=True)
+    said = page.locator(".toast-body").all_inner_texts()
+    assert "turbo-3-skip2" in table and "native" in table, f"table: {table!r}; the page said: {said}"
+    titles = page.locator(".gtitle").all_text_contents()
+    assert any(t.startswith("Word problems solved") for t in titles), titles
+    assert any("along each tier's own generation" in t for t in titles), titles
+    assert figure_layout_problems(page) == []

@@ -9,6 +9,8 @@ import pytest
 
 import app
 import codeckv.cache.calibration as calibration
+import tabs.long_context as long_context_tab
+import tabs.reasoning as reasoning_tab
 from codeckv.cache import CODES, SHORT_VIEW, VIEW, CodecCache
 from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.kernel_ops import attention_compiled
@@ -115,7 +117,7 @@ def test_other_requests_are_bounded_before_they_run():
     with pytest.raises(gr.Error, match="tiers='turbo-9' is not a choice here"):
         _sweep(app.LONG_TEXT, ["turbo-9"])
     with pytest.raises(gr.Error, match="more than the 40,000 allowed"):
-        app.run_needle([4096, 8000], ["0%", "25%", "50%", "75%", "100%"], ["turbo-4"], "smollm2-135m",
+        long_context_tab.run_needle([4096, 8000], ["0%", "25%", "50%", "75%", "100%"], ["turbo-4"], "smollm2-135m",
                        progress=lambda *a, **k: None)
 
 
@@ -235,15 +237,15 @@ def test_clear_releases_the_session_caches():
 
 
 def test_needle_tab_runs_a_small_grid():
-    figure, table, path = app.run_needle([512], ["0%", "100%"], ["turbo-4"], "smollm2-135m",
+    figure, table, path = long_context_tab.run_needle([512], ["0%", "100%"], ["turbo-4"], "smollm2-135m",
                                          progress=lambda *a, **k: None)
     assert [row[0] for row in table["data"]] == ["native", "native", "turbo-4", "turbo-4"]
     assert all(row[4] == "yes" for row in table["data"][:2]), "the embedded model finds the key at 512 tokens"
     assert len(figure.data) == 2 and path.endswith("needle.csv")
     with pytest.raises(gr.Error, match="at least one length"):
-        app.run_needle([], ["0%"], ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+        long_context_tab.run_needle([], ["0%"], ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
     with pytest.raises(gr.Error, match="prompt tokens='100' is not a choice"):
-        app.run_needle([100], ["0%"], ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+        long_context_tab.run_needle([100], ["0%"], ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
 
 
 def test_stop_during_a_long_prefill_takes_effect_between_chunks():
@@ -370,8 +372,9 @@ def test_a_pca_turn_waits_for_its_calibration_only_when_its_cache_may_archive(lo
 
 
 def test_long_context_tab_runs_a_small_ruler_grid():
-    heatmap, chart, table, path, grid = app.run_ruler(["niah_single_1"], [1024], 1, ["turbo-4", "snapkv-50"],
-                                                      "smollm2-135m", progress=lambda *a, **k: None)
+    heatmap, chart, table, path, grid = long_context_tab.run_ruler(["niah_single_1"], [1024], 1,
+                                                                   ["turbo-4", "snapkv-50"], "smollm2-135m",
+                                                                   progress=lambda *a, **k: None)
     assert [row[3] for row in table["data"]] == ["turbo-4", "snapkv-50", "native"]
     assert table["data"][-1][5] == 100.0, "the embedded model finds one number in 1k tokens of noise"
     assert len(heatmap.data) == 1 and len(chart.data) >= 2 and path.endswith("ruler.csv")
@@ -384,10 +387,30 @@ def test_long_context_tab_runs_a_small_ruler_grid():
     empty = app.sweep_pareto(None, service.LONG_CONTEXT_AXIS, None)
     assert "run one in the Long context tab" in empty.layout.annotations[0].text and not empty.data
     with pytest.raises(gr.Error, match="at least one task"):
-        app.run_ruler([], [1024], 1, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+        long_context_tab.run_ruler([], [1024], 1, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
     with pytest.raises(gr.Error, match="length='100' is not a choice"):
-        app.run_ruler(["vt"], [100], 1, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+        long_context_tab.run_ruler(["vt"], [100], 1, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
     with pytest.raises(gr.Error, match="more than the 32,768 allowed"):
-        app.run_ruler(["vt", "cwe"], [16384], 2, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+        long_context_tab.run_ruler(["vt", "cwe"], [16384], 2, ["turbo-4"], "smollm2-135m",
+                                   progress=lambda *a, **k: None)
     with pytest.raises(gr.Error, match="16,384 tokens is more than smollm2-135m takes"):
-        app.run_ruler(["vt"], [16384], 1, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+        long_context_tab.run_ruler(["vt"], [16384], 1, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)
+
+
+def test_reasoning_tab_runs_a_small_grid_and_refuses_bad_input_before_any_model_work():
+    accuracy, curve, table, path = reasoning_tab.run_reasoning(2, ["2"], 32, ["turbo-3-skip2"], "smollm2-135m",
+                                                               progress=lambda *a, **k: None)
+    assert [row[0] for row in table["data"]] == ["turbo-3-skip2", "native"] and path.endswith(".csv")
+    assert all(row[1] == 2 for row in table["data"]) and table["data"][-1][4] == 100.0  # native agrees with itself
+    assert "smollm2-135m" in accuracy.layout.title.text and [t.name for t in curve.data] == ["turbo-3-skip2"]
+    never = lambda *a, **k: pytest.fail("a refused request reached the model")  # noqa: E731
+    for args, message in [
+        ((-1, ["2"], 32, ["turbo-3"]), "problems"),
+        ((2, ["2"], 100_000, ["turbo-3"]), "reply budget"),
+        ((2, [], 32, ["turbo-3"]), "at least one step count"),
+        ((2, ["12"], 32, ["turbo-3"]), "steps"),
+        ((32, ["2"], 512, ["turbo-3"]), "more than the 2,048 allowed"),
+        ((2, ["2"], 32, ["no-such-tier"]), "no-such-tier"),
+    ]:
+        with pytest.raises(gr.Error, match=message):
+            reasoning_tab.run_reasoning(*args, "smollm2-135m", progress=never)
