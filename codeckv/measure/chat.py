@@ -217,7 +217,7 @@ class ChatSession:
             rewind(loaded, run, ids, keep)
         stops = stop_token_ids(loaded.tokenizer, loaded.model) if stop_at_eos else frozenset()
         self.in_turn, runs = True, self.runs
-        for update in stream_turn(loaded, runs, ids, max_new_tokens, stops):
+        for update in stream_turn(loaded, runs, ids, max_new_tokens, stops, follow_own=True):
             if runs is not self.runs:  # stopped (release) while this turn was computing
                 return
             self.last = update

@@ -126,6 +126,7 @@ class Run:
         self.peak_held = held_bytes(self.cache)  # the most the cache's own tensors held after a forward
         self.prefill_path = "native" if self.tier.is_native else "through the codec cache"
         self.done = False
+        self.follower: Follower | None = None  # native fed this run's own tokens (stream_turn's follow_own)
 
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Feed ids (1, n): the last position's fp32 logits (vocab,) and the seconds it took."""
@@ -153,12 +154,15 @@ class Run:
         return time.perf_counter() - start
 
     def accept(self, logits: torch.Tensor, seconds: float, stop_ids, keep: bool) -> None:
-        """Take the argmax of `logits` as the next token; keep its log-probs if this run is the reference."""
+        """Take the argmax of `logits` as the next token; keep its log-probs if this run is the reference; a
+        follower (native on this run's tokens) compares them with native's."""
         logprobs = torch.log_softmax(logits, dim=-1).cpu()
         if self.first_logprobs is None:
             self.first_logprobs = logprobs
         if keep:
             self.logprobs.append(logprobs)
+        if self.follower is not None:
+            self.follower.compare(logprobs)
         token = int(logits.argmax())
         self.token_ids.append(token)
         self.seconds.append(seconds)
@@ -167,6 +171,8 @@ class Run:
     def step(self, stop_ids, keep: bool) -> None:
         """One decode step: feed the last token, take the next."""
         last = torch.tensor([[self.token_ids[-1]]], device=self.loaded.model.device)
+        if self.follower is not None:
+            self.follower.feed(last)
         self.accept(*self.forward(last), stop_ids, keep)
 
     def panel(self) -> Panel:
@@ -199,6 +205,27 @@ class Run:
         )
 
 
+class Follower:
+    """A copy of native's cache after the prompt, fed a codec run's own tokens as the run generates them: the KLD
+    and top-1 of the run against native at every position of the run's own reply (the reasoning grid's method,
+    measure/reasoning.py), not only on native's reply. Costs one native decode step per codec step."""
+
+    def __init__(self, loaded: LoadedModel, native: Cache, first_logprobs: torch.Tensor) -> None:
+        self.loaded, self.cache = loaded, copy.deepcopy(native)
+        self.pending = first_logprobs  # native's prediction of the run's next position
+        self.kld: list[float] = []
+        self.top1: list[bool] = []
+
+    def feed(self, ids: torch.Tensor) -> None:
+        """Feed the token the run is about to feed: native's prediction of the position after it."""
+        self.pending = torch.log_softmax(next_logits(self.loaded.model, ids, self.cache)[0], dim=-1).cpu()
+
+    def compare(self, logprobs: torch.Tensor) -> None:
+        """The run's log-probs at the position native predicted last."""
+        self.kld.append(float(kl_divergence(self.pending, logprobs)))
+        self.top1.append(bool(self.pending.argmax() == logprobs.argmax()))
+
+
 def _text(loaded: LoadedModel, token_ids: list[int]) -> str:
     return loaded.tokenizer.decode(token_ids, skip_special_tokens=True)
 
@@ -218,9 +245,10 @@ def _presses_once(run: Run) -> bool:
 
 
 def stream_turn(
-    loaded: LoadedModel, runs: list[Run], ids: torch.Tensor, max_new_tokens: int, stop_ids
+    loaded: LoadedModel, runs: list[Run], ids: torch.Tensor, max_new_tokens: int, stop_ids, follow_own: bool = False
 ) -> Iterator[Update]:
-    """One turn for every run on the prompt ids (1, T), which extend what the caches hold; runs[0] is native."""
+    """One turn for every run on the prompt ids (1, T), which extend what the caches hold; runs[0] is native.
+    follow_own: also compare each codec run with native along the run's own reply (Follower)."""
     reference, others = runs[0], runs[1:]
     if any(r.held != reference.held for r in others) or reference.held >= ids.shape[1]:
         raise ValueError("every cache must hold the same tokens, and fewer than the prompt")
@@ -265,6 +293,10 @@ def stream_turn(
             run.peak_held = max(run.peak_held, held_bytes(run.cache))
             run.prefill_path = "natively, then converted into the codec cache (CodecCache.from_cache)"
             run.accept(first_logits, reference.seconds[0] + took, stop_ids, False)
+    if follow_own:  # native's cache holds the prompt now, before its first decode step
+        for run in others:
+            run.follower = Follower(loaded, reference.cache, reference.first_logprobs)
+            run.follower.compare(run.first_logprobs)
 
     rounds = 0
     while not all(run.done for run in runs):
@@ -285,6 +317,11 @@ def stream_turn(
             if done % 8 == 0:
                 yield update("scoring")
         results[run.label] = _compare(loaded, run, native, reference, logprobs)
+        if run.follower is not None:
+            follower, run.follower = run.follower, None
+            results[run.label].own_kld = statistics.fmean(follower.kld)
+            results[run.label].own_top1_pct = 100.0 * statistics.fmean(follower.top1)
+            results[run.label].own_token_kld = follower.kld
         done += max_new_tokens - len(reference.token_ids)
     yield update("done", results)
 

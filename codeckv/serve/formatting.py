@@ -110,6 +110,8 @@ def codec_stats_markdown(cmp: Comparison) -> str:
         f"({cmp.latency_ratio:.2f}× native)  \n"
         f"on the native reply: KL divergence **{cmp.kld:.4f}** nats/token · top-1 agreement **{cmp.top1_pct:.1f}%** · "
         f"ΔNLL {cmp.delta_nll_pct:+.2f}% · greedy token match **{cmp.token_match:.0%}** ({divergence})"
+        + (f"  \nalong its own reply (native fed its tokens): KL divergence **{cmp.own_kld:.4f}** nats/token · "
+           f"top-1 agreement **{cmp.own_top1_pct:.1f}%**" if cmp.own_kld == cmp.own_kld else "")
     )
 
 

@@ -106,3 +106,18 @@ def test_the_largest_allowed_chat_turn_stays_within_its_memory_bound():
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     assert measured["prompt_tokens"] > Limits().max_prompt_tokens - 300
     assert measured["peak_growth_mib"] < 2.5 * 1024, measured
+
+
+def test_a_turn_scores_the_codec_along_its_own_reply_as_well_as_along_natives(loaded):
+    """Native fed the codec's own tokens (side_by_side.Follower): one KLD per position of the codec's reply; where
+    the two replies agree token for token, the same positions as the native reply's scoring, so the same KLD within
+    the rounding of two code paths; a lossless tier scores 0."""
+    session = ChatSession()
+    lossy = _ask(session, loaded, "Name three colours of the rainbow.", tier="turbo-3", tokens=16)
+    assert len(lossy.own_token_kld) == len(lossy.codec.token_ids)
+    assert lossy.own_kld == sum(lossy.own_token_kld) / len(lossy.own_token_kld) and 0 <= lossy.own_top1_pct <= 100
+    same = lossy.first_divergence if lossy.first_divergence is not None else len(lossy.codec.token_ids)
+    for own, on_native in zip(lossy.own_token_kld[:same], lossy.token_kld[:same]):
+        assert abs(own - on_native) <= max(0.05 * on_native, 1e-4)
+    lossless = _ask(ChatSession(), loaded, "Name three colours of the rainbow.", tier="png", tokens=16)
+    assert lossless.own_kld < 1e-5 and lossless.own_top1_pct == 100.0
