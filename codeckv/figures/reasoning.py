@@ -12,17 +12,21 @@ import math
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 
-from codeckv.figures.plots import CODEC_COLORS, _dicts, pareto_figure, themed
+from codeckv.figures.plots import _dicts, pareto_figure, themed
+
+LINE_COLORS = qualitative.Dark24  # one colour a tier, up to 24 of them
 
 
 def reasoning_accuracy_figure(summary: Sequence, model: str | None = None) -> go.Figure:
     """lm-eval's strict-match accuracy per tier against what it stores per token vs bf16, error bars its standard
     error over the problems; the title names `model` when given."""
     rows = [{**row, "archive_bytes": row.get("held_bytes")} for row in _dicts(summary)]
-    problems = min((int(r["problems"]) for r in rows), default=0)
+    counts = sorted({int(r["problems"]) for r in rows})
+    each = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     named = f", {model}" if model else ""
-    return pareto_figure(rows, "accuracy", title=f"Word problems solved ({problems}+ each) vs bytes{named}")
+    return pareto_figure(rows, "accuracy", title=f"Word problems solved ({each} each) vs bytes{named}")
 
 
 def reasoning_curve_figure(curve: Sequence, model: str | None = None, metric: str = "kld") -> go.Figure:
@@ -35,7 +39,7 @@ def reasoning_curve_figure(curve: Sequence, model: str | None = None, metric: st
         errors = [float(r[f"{metric}_se"]) for r in points]
         fig.add_trace(go.Scatter(
             x=[(int(r["from"]) + int(r["to"])) / 2 for r in points], y=[float(r[metric]) for r in points], name=tier,
-            mode="lines+markers", line=dict(color=CODEC_COLORS[index % len(CODEC_COLORS)]),
+            mode="lines+markers", line=dict(color=LINE_COLORS[index % len(LINE_COLORS)]),
             customdata=[[int(r["from"]), int(r["to"]), int(r["problems"])] for r in points],
             hovertemplate=f"{tier}<br>tokens %{{customdata[0]}}-%{{customdata[1]}} (%{{customdata[2]}} problems)"
                           "<br>%{y:.4g}<extra></extra>",
@@ -43,6 +47,6 @@ def reasoning_curve_figure(curve: Sequence, model: str | None = None, metric: st
         ))
     label = {"kld": "KLD from native (nats/token)", "top1": "top-1 agreement %"}[metric]
     if metric == "kld":
-        fig.update_yaxes(type="log")
+        fig.update_yaxes(type="log", exponentformat="power")
     named = f", {model}" if model else ""
     return themed(fig, f"{label} along each tier's own generation{named}", "generated token", label)
