@@ -60,9 +60,8 @@ def build(model_name: gr.Dropdown, stop_flag: gr.State, tier_choices: list[str])
         with gr.Row():
             button = gr.Button("Run word problems", variant="primary", scale=4)
             stop = gr.Button("Stop", scale=1)
-        with gr.Row():
-            accuracy = gr.Plot(label="accuracy vs bytes")
-            curve = gr.Plot(label="KL divergence along the reply")
+        accuracy = gr.Plot(label="accuracy vs bytes")
+        curve = gr.Plot(label="KL divergence along the reply")
         table = gr.Dataframe(label="per tier", interactive=False, elem_id="reasoning-results")
         csv = gr.File(label="download the per-problem CSV")
     button.click(run_reasoning, [samples, steps, budget, tiers, model_name, stop_flag], [accuracy, curve, table, csv],

@@ -47,6 +47,6 @@ def reasoning_curve_figure(curve: Sequence, model: str | None = None, metric: st
         ))
     label = {"kld": "KLD from native (nats/token)", "top1": "top-1 agreement %"}[metric]
     if metric == "kld":
-        fig.update_yaxes(type="log", exponentformat="power")
+        fig.update_yaxes(type="log", dtick=1, exponentformat="e")  # a label a decade: none crowd
     named = f", {model}" if model else ""
     return themed(fig, f"{label} along each tier's own generation{named}", "generated token", label)
