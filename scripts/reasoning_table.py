@@ -4,6 +4,8 @@ reasoning` writes (assets/reasoning-<model>-problems.csv), and the charts as PNG
     PYTHONPATH=. .venv/bin/python scripts/reasoning_table.py assets/reasoning-qwen2.5-coder-0.5b-problems.csv
     PYTHONPATH=. .venv/bin/python scripts/reasoning_table.py assets/reasoning-qwen2.5-coder-0.5b-problems.csv \
         --tiers native int8 turbo-3 --png assets/screenshots/reasoning-qwen2.5-coder-0.5b
+    PYTHONPATH=. .venv/bin/python scripts/reasoning_table.py assets/reasoning-qwen2.5-coder-0.5b-problems.csv \
+        --groups native int8/fp8-e4m3 turbo-4/turbo-3          # the README's rows: a group's tiers side by side
 
 Rows are compared on the problems every listed tier answered (a CSV grown over several runs may hold more for
 some). Prints one Markdown table per tier (accuracy, agreement, flips, departure, KLD, top-1, bytes) and native's
@@ -59,6 +61,26 @@ def markdown(rows: list[dict], tiers: list[str]) -> str:
     return "\n".join(lines) + f"\n\n{problems} problems each"
 
 
+def grouped(rows: list[dict], groups: list[list[str]]) -> str:
+    """The README's table: a row per group of tiers, their figures side by side ("a / b")."""
+    summary = {s["tier"]: s for s in summarize(rows)}
+
+    def joined(group: list[str], show) -> str:
+        return " / ".join(show(summary[t]) for t in group)
+
+    lines = ["| cache | stores (vs bf16) | accuracy % (± se) | lost / gained | departed % | KLD along its reply |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for group in groups:
+        lines.append("| " + " / ".join(f"`{t}`" for t in group) + " | "
+                     + joined(group, lambda s: f"{100 * s['stored_vs_bf16']:.1f}%") + " | "
+                     + joined(group, lambda s: _pm(s["accuracy"], s["accuracy_se"], 1)) + " | "
+                     + joined(group, lambda s: f"{s['lost']}/{s['gained']}") + " | "
+                     + joined(group, lambda s: f"{s['departed']:.0f}") + " | "
+                     + joined(group, lambda s: _kld(s["kld"], math.nan)) + " |")
+    problems = min(s["problems"] for s in summary.values())
+    return "\n".join(lines) + f"\n\n{problems} problems each"
+
+
 def by_steps(rows: list[dict], tier: str = "native") -> str:
     """`tier`'s accuracy (lm-eval strict) and reply length per step count."""
     lines = [f"| steps | problems | {tier} accuracy % | reply tokens |", "|---:|---:|---:|---:|"]
@@ -74,15 +96,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("problems", type=Path, help="a -problems.csv of python -m codeckv reasoning")
     parser.add_argument("--tiers", nargs="+", help="rows, in this order (default: every tier, as met)")
+    parser.add_argument("--groups", nargs="+", help="the README's rows instead: tiers joined by '/' share a row")
     parser.add_argument("--png", type=Path, help="write <stem>-accuracy.png and <stem>-kld.png")
     args = parser.parse_args(argv)
     rows = list(csv.DictReader(args.problems.open(newline="")))
-    tiers = args.tiers or list(dict.fromkeys(r["tier"] for r in rows))
+    groups = [group.split("/") for group in args.groups] if args.groups else None
+    every = list(dict.fromkeys(r["tier"] for r in rows))
+    tiers = [t for group in groups for t in group] if groups else args.tiers or every
     unknown = set(tiers) - {r["tier"] for r in rows}
     if unknown:
         sys.exit(f"{args.problems} has no rows of {', '.join(sorted(unknown))}")
     rows = common_problems(rows, tiers)
-    print(markdown(rows, tiers))
+    print(grouped(rows, groups) if groups else markdown(rows, tiers))
     print()
     print(by_steps(rows))
     if args.png:
