@@ -11,25 +11,22 @@ from pathlib import Path
 
 import gradio as gr
 
+import tabs.advanced
+import tabs.inspect
 import tabs.long_context
 import tabs.memory
 import tabs.reasoning
-from codeckv.cache.schedule import MAX_SCHEDULE_CHARS
-from codeckv.corpus import corpus_text
+import tabs.sweep
 from codeckv.measure.chat import ChatSession
 from codeckv.measure.peers import PEER_NAMES, PEERS, absent_reason
 from codeckv.models import DEFAULT_MODEL
 from codeckv.serve.formatting import model_markdown
 from codeckv.serve.guard import guarded
 from codeckv.serve.inputs import (
-    BITS_CHOICES,
     CACHE_FILE_TYPES,
     DOCUMENTS,
     TEXT_FILE_TYPES,
     checked_chat,
-    one_of,
-    tier_from_knobs,
-    user_text,
 )
 from codeckv.serve.limits import Limits, StopFlag, release_memory
 from codeckv.serve.pool import POOL, leased
@@ -38,38 +35,24 @@ from codeckv.serve.reasoning import BOUNDARY_CHOICES
 from codeckv.serve.reports import Reports
 from codeckv.serve.service import (
     DOWNLOAD_GPU_SECONDS,
-    INSPECT_GPU_SECONDS,
-    LONG_GPU_SECONDS,
-    LONG_TEXT,
-    METRICS,
-    ONE_PROMPT,
     RESUME_GPU_SECONDS,
-    SOURCES,
-    bar_progress,
     chat_download,
     chat_gpu_seconds,
     chat_request,
     chat_resume,
     chat_stop,
     end_session,
-    fresh_stop,
-    inspect_request,
     model_shape,
     preparation_text,
     saved_model,
-    sweep_request,
-    sweep_token_kld,
 )
-from codeckv.serve.tab_views import sweep_downloads, sweep_pareto, sweep_views
 from codeckv.tiers import TIERS
 
 CODEC_TIERS = [name for name, tier in TIERS.items() if not tier.is_native]
 INSTALLED_PEERS = [name for name, peer in PEERS.items() if absent_reason(peer) is None]  # beside the tiers by default
 EXAMPLES = [line for line in (Path(__file__).parent / "assets" / "examples.txt").read_text().splitlines() if line]
 LONG_EXAMPLE = ["What does the finally clause do? Answer in two sentences.", next(iter(DOCUMENTS))]
-INSPECT_TEXT = corpus_text()[:1500]  # ~370 tokens of the Python reference: enough blocks to see spectra
 LIMITS = Limits.from_env()  # the operator's per-request budgets (codeckv/serve/limits.py); requests read them afresh
-REPORTS = Reports(keep=16)  # sweep and needle downloads of this process
 CACHE_FILES = Reports(keep=4, prefix="codeckv-caches-")  # downloaded codec caches: large, so only the newest 4
 
 @gpu(duration=chat_gpu_seconds)
@@ -120,40 +103,10 @@ def clear_chat(session):
     return [], [], "", "", session
 
 
-@gpu(duration=INSPECT_GPU_SECONDS)
-@guarded
-def inspect_kv(prompt, model_name, tier_name, *advanced_and_view):
-    """Heatmaps of one (layer, head), DCT and channel spectra, per-layer errors and smoothness for a tier."""
-    *advanced, layer, head, which = advanced_and_view
-    prompt = user_text(prompt, "the text")
-    tier = tier_from_knobs(tier_name, *advanced)
-    with leased(model_name) as loaded:
-        figures, summary = inspect_request(loaded, prompt, tier, layer, head, which, Limits.from_env())
-    return (figures["heatmap"], figures["spectrum"], figures["channel_spectrum"], figures["layer_errors"],
-            figures["var_ratio"], figures["layer_tiers"], summary)
-
-
 def request_stop(flag):
     """A long-running tab's Stop button: the running request stops at its next step."""
     if isinstance(flag, StopFlag):
         flag.request()
-
-
-@gpu(duration=LONG_GPU_SECONDS)
-@guarded
-def run_sweep(mode, source, pasted, upload, windows, length, prompt, new_tokens, model_name, tiers, metric, stop=None,
-              long_context=None, progress=gr.Progress()):  # noqa: B008 - Gradio's idiom
-    """Every chosen tier on long text (default) or one chat prompt: table, charts (`long_context`: see sweep_views)."""
-    one_of(metric, "quality axis", METRICS)  # refused before a model is touched
-    with leased(model_name) as loaded:
-        run = sweep_request(loaded, mode, source, pasted, upload, windows, length, prompt, new_tokens, tiers,
-                            bar_progress(progress), stop=fresh_stop(stop))
-        model = loaded.info.name
-    files = sweep_downloads(run, model, REPORTS.fresh())
-    views = sweep_views(run, metric, long_context)
-    return (run.table, views["pareto"], gr.update(value=views["latency"], visible=views["prompt_mode"]),
-            gr.update(value=views["token_match"], visible=views["prompt_mode"]), views["token_kld"], files,
-            run.result, gr.update(choices=views["tiers"], value=views["worst"]))
 
 
 @guarded
@@ -164,25 +117,6 @@ def model_panel(model_name):
     PREPARATION.start(model_name)
     return (model_markdown(info), gr.update(maximum=len(info.layer_types) - 1),
             gr.update(maximum=info.num_kv_heads - 1), gr.Timer(active=bool(preparation_text())))
-
-
-def advanced_settings():
-    """The Advanced accordion: the knobs of codeckv.custom_tier.custom_tier. Returns the inputs in order."""
-    with gr.Accordion("Advanced: build a custom tier", open=False):
-        custom = gr.Checkbox(label="Use these settings instead of the preset", value=False)
-        with gr.Row():
-            block = gr.Number(label="DCT block size r", value=8, precision=0)
-            k = gr.Number(label="k frequencies kept (0 = no DCT)", value=0, precision=0)
-            bits = gr.Dropdown(list(BITS_CHOICES), value="4", label="key bits")
-            value_bits = gr.Dropdown(["same", *BITS_CHOICES[1:]], value="same", label="value bits")
-        with gr.Row():
-            group = gr.Number(label="quant group", value=32, precision=0)
-            rotation = gr.Checkbox(label="Hadamard rotation + Lloyd-Max levels", value=True)
-            keep_first = gr.Number(label="keep_first (sink tokens)", value=0, precision=0)
-            keep_recent = gr.Number(label="keep_recent (window)", value=0, precision=0)
-        per_layer = gr.Textbox(label="per-layer tiers (these layers get these presets; e.g. 0-3:int8, 29:turbo-3)",
-                               value="", max_length=MAX_SCHEDULE_CHARS, max_lines=2)
-    return [custom, block, k, bits, value_bits, group, rotation, keep_first, keep_recent, per_layer]
 
 
 MODELS = POOL.allowed() or [DEFAULT_MODEL]
@@ -218,7 +152,7 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             )
         preparing = gr.Timer(PREPARATION_TICK_SECONDS)
         preparing.tick(tier_picker_info, None, [tier_name, preparing], show_progress="hidden")
-        chat_advanced = advanced_settings()
+        chat_advanced = tabs.advanced.advanced_settings()
         with gr.Accordion("Long document: ask about a text, so the archive holds most of the context", open=False):
             with gr.Row():
                 document = gr.Dropdown(list(DOCUMENTS), value=None, label="embedded document", scale=2)
@@ -249,62 +183,14 @@ with gr.Blocks(title="KV Codec Studio") as demo:
             clear = gr.Button("Clear", scale=1, elem_id="clear")
         gr.Examples([[e, None] for e in EXAMPLES] + [LONG_EXAMPLE], inputs=[message, document])
 
-    with gr.Tab("Inspect"):
-        with gr.Row():
-            inspect_prompt = gr.Textbox(
-                value=INSPECT_TEXT, label="text (prefilled, then captured)", lines=3, max_lines=6, scale=3
-            )
-            inspect_tier_name = gr.Dropdown(CODEC_TIERS, value="jpeg-k2", label="codec tier", scale=1)
-        inspect_advanced = advanced_settings()
-        with gr.Row():
-            layer = gr.Slider(0, LAYERS - 1, value=0, step=1, label="layer")
-            head = gr.Slider(0, KV_HEADS - 1, value=0, step=1, label="KV head")
-            which = gr.Radio(["K", "V"], value="K", label="tensor")
-            inspect_button = gr.Button("Inspect", variant="primary")
-        inspect_summary = gr.Markdown()
-        heatmap = gr.Plot(label="original / reconstructed / |error|")
-        with gr.Row():
-            spectrum = gr.Plot(label="DCT spectrum (along the sequence)")
-            channel_spectrum = gr.Plot(label="channel spectrum (across heads and channels)")
-        with gr.Row():
-            layer_errors = gr.Plot(label="per-layer error")
-            var_ratio = gr.Plot(label="Var(Δ)/Var(X)")
-        layer_tiers = gr.Plot(label="tier per layer")
+    layer, head = tabs.inspect.build(model_name, CODEC_TIERS, LAYERS, KV_HEADS)
 
-    with gr.Tab("Tier sweep"):
-        sweep_mode = gr.Radio([LONG_TEXT, ONE_PROMPT], value=LONG_TEXT, label="measure on")
-        with gr.Group(visible=True) as text_inputs:
-            with gr.Row():
-                sweep_source = gr.Radio(list(SOURCES), value=next(iter(SOURCES)), label="text", scale=3)
-                sweep_windows = gr.Slider(1, 8, value=2, step=1, label="windows", scale=1)
-                sweep_length = gr.Slider(128, 2048, value=512, step=128, label="tokens per window", scale=1)
-            with gr.Row():
-                sweep_pasted = gr.Textbox(label="pasted text", lines=3, max_lines=8, scale=3)
-                sweep_upload = gr.File(label=".txt / .md file", file_types=list(TEXT_FILE_TYPES), scale=1)
-        with gr.Group(visible=False) as prompt_inputs:
-            with gr.Row():
-                sweep_prompt = gr.Textbox(value=EXAMPLES[1], label="prompt", scale=3)
-                sweep_tokens = gr.Slider(8, 128, value=32, step=8, label="new tokens per tier", scale=1)
-        sweep_tiers = gr.CheckboxGroup([*TIERS, *PEER_NAMES], value=CODEC_TIERS + INSTALLED_PEERS,
-                                       label="tiers, and peers (transformers' QuantizedCache, llama.cpp's KV types; "
-                                             "long text only)")
-        with gr.Row():
-            sweep_button = gr.Button("Run sweep", variant="primary", scale=4)
-            sweep_stop = gr.Button("Stop", scale=1)
-        sweep_table_out = gr.Dataframe(label="results", interactive=False, elem_id="sweep-results")
-        sweep_metric = gr.Radio(list(METRICS), value="KL divergence", label="quality axis", elem_id="sweep-axis")
-        pareto = gr.Plot(label="storage vs quality", elem_id="sweep-pareto")
-        latency = gr.Plot(label="decode latency", visible=False)
-        token_match = gr.Plot(label="token match", visible=False)
-        kld_tier = gr.Dropdown([], label="per-token KL divergence of tier")
-        token_kld = gr.Plot(label="per-token KL divergence")
-        downloads = gr.File(label="download CSV and JSON", file_count="multiple")
-        sweep_state = gr.State(None)
-        ruler_state = gr.State(None)  # the Long context tab's last grid: the sweep's long-context axis
-        stop_flag = gr.State(StopFlag())  # one per browser session, shared by the long-running tabs
-
-    stops = [sweep_stop, *tabs.long_context.build(model_name, stop_flag, [*CODEC_TIERS, *PEER_NAMES], ruler_state,
-                                                  (sweep_state, sweep_metric, pareto))]
+    ruler_state = gr.State(None)  # the Long context tab's last grid: the sweep's long-context axis
+    stop_flag = gr.State(StopFlag())  # one per browser session, shared by the long-running tabs
+    sweep = tabs.sweep.build(model_name, stop_flag, ruler_state, [*TIERS, *PEER_NAMES], CODEC_TIERS + INSTALLED_PEERS,
+                             EXAMPLES[1])
+    stops = [sweep.stop, *tabs.long_context.build(model_name, stop_flag, [*CODEC_TIERS, *PEER_NAMES], ruler_state,
+                                                  (sweep.state, sweep.metric, sweep.pareto))]
     stops.append(tabs.reasoning.build(model_name, stop_flag, [*CODEC_TIERS, *BOUNDARY_CHOICES, *PEER_NAMES]))
     stops.append(tabs.memory.build(model_name, stop_flag, CODEC_TIERS))
 
@@ -327,23 +213,6 @@ with gr.Blocks(title="KV Codec Studio") as demo:
     clear.click(clear_chat, session, cleared, cancels=turns, api_name=False)
     for panel in (native_chat, codec_chat):  # clearing one panel clears the conversation: both stay in step
         panel.clear(clear_chat, session, cleared, cancels=turns, api_name=False)
-    inspect_inputs = [inspect_prompt, model_name, inspect_tier_name, *inspect_advanced, layer, head, which]
-    inspect_outputs = [heatmap, spectrum, channel_spectrum, layer_errors, var_ratio, layer_tiers, inspect_summary]
-    inspect_button.click(inspect_kv, inspect_inputs, inspect_outputs, api_name="inspect")
-    for slider in (layer, head):
-        slider.release(inspect_kv, inspect_inputs, inspect_outputs, api_name=False)
-    which.change(inspect_kv, inspect_inputs, inspect_outputs, api_name=False)
-    sweep_mode.change(lambda mode: (gr.update(visible=mode == LONG_TEXT), gr.update(visible=mode == ONE_PROMPT)),
-                      sweep_mode, [text_inputs, prompt_inputs], api_name=False)
-    sweep_button.click(
-        run_sweep,
-        [sweep_mode, sweep_source, sweep_pasted, sweep_upload, sweep_windows, sweep_length, sweep_prompt,
-         sweep_tokens, model_name, sweep_tiers, sweep_metric, stop_flag, ruler_state],
-        [sweep_table_out, pareto, latency, token_match, token_kld, downloads, sweep_state, kld_tier],
-        api_name="sweep",
-    )
-    sweep_metric.change(sweep_pareto, [sweep_state, sweep_metric, ruler_state], pareto, api_name=False)
-    kld_tier.change(sweep_token_kld, [sweep_state, kld_tier], token_kld, api_name=False)
     for button in stops:
         button.click(request_stop, stop_flag, None, queue=False, api_name=False)
 

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from gradio_client import Client
 
-import app
+import tabs.sweep as sweep_tab
 
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]
 
@@ -32,11 +32,11 @@ def test_chat_turn_over_the_api(client):
 
 
 def test_two_tier_sweeps_over_the_api(client):
-    source = next(iter(app.SOURCES))
-    table, *_ = client.predict(app.LONG_TEXT, source, "", None, 1, 128, "", 8, "smollm2-135m",
+    source = next(iter(sweep_tab.SOURCES))
+    table, *_ = client.predict(sweep_tab.LONG_TEXT, source, "", None, 1, 128, "", 8, "smollm2-135m",
                                ["png", "jpeg-k8-int8"], "KL divergence", api_name="/sweep")
     assert [row[0] for row in table["data"]] == ["native", "png", "jpeg-k8-int8"]
-    table, *_ = client.predict(app.ONE_PROMPT, source, "", None, 1, 128, "Say hello.", 8, "smollm2-135m",
+    table, *_ = client.predict(sweep_tab.ONE_PROMPT, source, "", None, 1, 128, "Say hello.", 8, "smollm2-135m",
                                ["png"], "KL divergence", api_name="/sweep")
     assert [row[0] for row in table["data"]] == ["png"]
 

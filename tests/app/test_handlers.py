@@ -9,8 +9,10 @@ import pytest
 
 import app
 import codeckv.cache.calibration as calibration
+import tabs.inspect as inspect_tab
 import tabs.long_context as long_context_tab
 import tabs.reasoning as reasoning_tab
+import tabs.sweep as sweep_tab
 from codeckv.cache import CODES, SHORT_VIEW, VIEW, CodecCache
 from codeckv.cache.coded_layer import CodedLayer
 from codeckv.cache.kernel_ops import attention_compiled
@@ -109,13 +111,13 @@ def test_a_model_that_is_not_listed_is_refused_before_any_loader(model, monkeypa
 
 def test_other_requests_are_bounded_before_they_run():
     with pytest.raises(gr.Error, match="more than the 2,048 allowed"):
-        app.inspect_kv("word " * 3000, "smollm2-135m", "jpeg-k2", *PLAIN, 0, 0, "K")
+        inspect_tab.inspect_kv("word " * 3000, "smollm2-135m", "jpeg-k2", *PLAIN, 0, 0, "K")
     with pytest.raises(gr.Error, match="layer=30 is out of range \\(allowed: 0..29\\)"):
-        app.inspect_kv("Some text to inspect.", "smollm2-135m", "jpeg-k2", *PLAIN, 30, 0, "K")
+        inspect_tab.inspect_kv("Some text to inspect.", "smollm2-135m", "jpeg-k2", *PLAIN, 30, 0, "K")
     with pytest.raises(gr.Error, match="more than the 4,096 allowed per sweep"):
-        _sweep(app.LONG_TEXT, ["png"], windows=8, length=1024)
+        _sweep(sweep_tab.LONG_TEXT, ["png"], windows=8, length=1024)
     with pytest.raises(gr.Error, match="tiers='turbo-9' is not a choice here"):
-        _sweep(app.LONG_TEXT, ["turbo-9"])
+        _sweep(sweep_tab.LONG_TEXT, ["turbo-9"])
     with pytest.raises(gr.Error, match="more than the 40,000 allowed"):
         long_context_tab.run_needle([4096, 8000], ["0%", "25%", "50%", "75%", "100%"], ["turbo-4"], "smollm2-135m",
                        progress=lambda *a, **k: None)
@@ -191,40 +193,40 @@ def test_model_panel_describes_the_model_and_prepares_it(monkeypatch):
 
 
 def test_inspect_returns_figures_and_summary():
-    *figures, summary = app.inspect_kv(app.INSPECT_TEXT, "smollm2-135m", "jpeg-k2", *PLAIN, 3, 1, "V")
+    *figures, summary = inspect_tab.inspect_kv(inspect_tab.INSPECT_TEXT, "smollm2-135m", "jpeg-k2", *PLAIN, 3, 1, "V")
     assert len(figures) == 6 and all(f is not None for f in figures)
     assert "layer 3, head 1" in summary and "PSNR" in summary and "inf dB" not in summary
 
 
 def _sweep(mode, tiers, **overrides):
-    args = dict(mode=mode, source=next(iter(app.SOURCES)), pasted="", upload=None, windows=2, length=64,
+    args = dict(mode=mode, source=next(iter(sweep_tab.SOURCES)), pasted="", upload=None, windows=2, length=64,
                 prompt="Say hello.", new_tokens=8, model_name="smollm2-135m", tier_names=tiers, metric="KL divergence")
     args.update(overrides)
-    return app.run_sweep(*args.values(), progress=lambda *a, **k: None)
+    return sweep_tab.run_sweep(*args.values(), progress=lambda *a, **k: None)
 
 
 def test_long_text_sweep_reports_spread_and_files():
-    table, pareto, latency, match, token_kld, files, result, choice = _sweep(app.LONG_TEXT, ["png", "int8"])
+    table, pareto, latency, match, token_kld, files, result, choice = _sweep(sweep_tab.LONG_TEXT, ["png", "int8"])
     assert [row[0] for row in table["data"]] == ["native", "png", "int8"]
     assert "±" in table["data"][2][5], "KLD carries its standard error over windows"
     assert table["data"][2][4] == table["data"][1][4] == "on a decoded view", "scoring keeps views (quality.py)"
     assert pareto is not None and token_kld is not None and latency["visible"] is False
     assert [p.rsplit(".", 1)[-1] for p in files] == ["csv", "json"]
     assert choice["choices"] == ["png", "int8"]
-    assert app.sweep_pareto(result, "ΔNLL").layout.yaxis.title.text == "ΔNLL vs native (%)"
-    assert app.sweep_pareto(result, "PSNR") is None, "an axis that is not offered draws nothing"
+    assert sweep_tab.sweep_pareto(result, "ΔNLL").layout.yaxis.title.text == "ΔNLL vs native (%)"
+    assert sweep_tab.sweep_pareto(result, "PSNR") is None, "an axis that is not offered draws nothing"
 
 
 def test_one_prompt_sweep_and_pasted_text_sweep():
-    table, pareto, *_, result, _ = _sweep(app.ONE_PROMPT, ["png", "int8"], metric="ΔNLL")
+    table, pareto, *_, result, _ = _sweep(sweep_tab.ONE_PROMPT, ["png", "int8"], metric="ΔNLL")
     assert [row[0] for row in table["data"]] == ["png", "int8"]
     assert pareto.layout.title.text == "Storage vs ΔNLL (one reply)", "one prompt's chart on the axis chosen"
-    assert app.sweep_pareto(result, "KL divergence").layout.yaxis.title.text.startswith("KL divergence")
+    assert sweep_tab.sweep_pareto(result, "KL divergence").layout.yaxis.title.text.startswith("KL divergence")
     text = "The quick brown fox jumps over the lazy dog. " * 40
-    table, *_ = _sweep(app.LONG_TEXT, ["int8"], source="pasted text", pasted=text, windows=1)
+    table, *_ = _sweep(sweep_tab.LONG_TEXT, ["int8"], source="pasted text", pasted=text, windows=1)
     assert [row[0] for row in table["data"]] == ["native", "int8"]
     with pytest.raises(gr.Error, match="fewer than 8 windows"):
-        _sweep(app.LONG_TEXT, ["int8"], source="pasted text", pasted=text, windows=8, length=512)
+        _sweep(sweep_tab.LONG_TEXT, ["int8"], source="pasted text", pasted=text, windows=8, length=512)
 
 
 def test_clear_releases_the_session_caches():
@@ -268,11 +270,12 @@ def test_stop_ends_a_running_sweep_at_its_next_step():
         calls.append(args)
         app.request_stop(flag)
 
-    args = [app.LONG_TEXT, next(iter(app.SOURCES)), "", None, 1, 64, "", 8, "smollm2-135m", ["png"], "KL divergence"]
+    args = [sweep_tab.LONG_TEXT, next(iter(sweep_tab.SOURCES)), "", None, 1, 64, "", 8, "smollm2-135m", ["png"],
+            "KL divergence"]
     with pytest.raises(gr.Error, match="stopped"):
-        app.run_sweep(*args, flag, progress=progress)
+        sweep_tab.run_sweep(*args, flag, progress=progress)
     assert len(calls) == 1
-    table, *_ = app.run_sweep(*args, flag, progress=lambda *a, **k: None)  # a new run starts afresh
+    table, *_ = sweep_tab.run_sweep(*args, flag, progress=lambda *a, **k: None)  # a new run starts afresh
     assert [row[0] for row in table["data"]] == ["native", "png"]
 
 
@@ -380,11 +383,11 @@ def test_long_context_tab_runs_a_small_ruler_grid():
     assert len(heatmap.data) == 1 and len(chart.data) >= 2 and path.endswith("ruler.csv")
     # the grid kept for the Tier sweep: its long-context quality axis charts these scores, sweep or no sweep
     assert grid["model"] == "smollm2-135m" and [r["tier"] for r in grid["rows"]] == ["turbo-4", "snapkv-50", "native"]
-    pareto = app.sweep_pareto(None, service.LONG_CONTEXT_AXIS, grid)
+    pareto = sweep_tab.sweep_pareto(None, service.LONG_CONTEXT_AXIS, grid)
     points = {name: y for trace in pareto.data if trace.mode == "markers" for name, y in zip(trace.text, trace.y)}
     assert points == {r["tier"]: r["score"] for r in grid["rows"]}
     assert pareto.layout.yaxis.title.text == "RULER average (0-100)" and "smollm2-135m" in pareto.layout.title.text
-    empty = app.sweep_pareto(None, service.LONG_CONTEXT_AXIS, None)
+    empty = sweep_tab.sweep_pareto(None, service.LONG_CONTEXT_AXIS, None)
     assert "run one in the Long context tab" in empty.layout.annotations[0].text and not empty.data
     with pytest.raises(gr.Error, match="at least one task"):
         long_context_tab.run_ruler([], [1024], 1, ["turbo-4"], "smollm2-135m", progress=lambda *a, **k: None)

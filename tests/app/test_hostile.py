@@ -9,7 +9,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-import app
+import tabs.sweep as sweep_tab
 
 PLAIN = [False, 8, 0, "4", "same", 32, True, 0, 0, ""]
 
@@ -57,7 +57,7 @@ def test_long_inspect_text_and_bad_prompts_are_refused(client):
     with pytest.raises(Exception, match="empty"):
         _chat(client, "\u200b\u200b")
     with pytest.raises(Exception, match="not in the list of choices"):  # the radio button's own check
-        client.predict(app.LONG_TEXT, "/etc/passwd", "", None, 1, 128, "", 8, "smollm2-135m", ["png"],
+        client.predict(sweep_tab.LONG_TEXT, "/etc/passwd", "", None, 1, 128, "", 8, "smollm2-135m", ["png"],
                        "KL divergence", api_name="/sweep")
     native, *_ = _chat(client, "What is the capital of France?", tokens=12)
     assert "Paris" in str(native[-1]), "the app keeps serving"

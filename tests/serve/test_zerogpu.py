@@ -8,6 +8,8 @@ import types
 
 import pytest
 
+from codeckv.serve.service import INSPECT_GPU_SECONDS, LONG_GPU_SECONDS
+
 
 @pytest.fixture
 def zerogpu_with(monkeypatch):
@@ -104,7 +106,7 @@ def test_a_chat_turn_asks_for_a_slot_sized_by_its_new_tokens():
     assert chat_gpu_seconds("hi", None, None, "m", "t", "10**9") == chat_gpu_seconds("hi", None, None, "m", "t", 256)
 
 
-TAB_MODULES = ("tabs.long_context", "tabs.reasoning", "tabs.memory")
+TAB_MODULES = ("tabs.inspect", "tabs.long_context", "tabs.reasoning", "tabs.memory", "tabs.sweep")
 
 
 def test_the_app_handlers_go_through_spaces_gpu(zerogpu_with, monkeypatch):
@@ -118,16 +120,16 @@ def test_the_app_handlers_go_through_spaces_gpu(zerogpu_with, monkeypatch):
         monkeypatch.delitem(sys.modules, module, raising=False)
     monkeypatch.delitem(sys.modules, "app", raising=False)
     app = importlib.import_module("app")
-    long_context, reasoning = (importlib.import_module(m) for m in ("tabs.long_context", "tabs.reasoning"))
+    inspect_tab, long_context, reasoning = (importlib.import_module(m) for m in TAB_MODULES[:3])
     with pytest.raises(gr.Error, match="empty"):
         list(app.chat_turn("", None, None, "smollm2-135m", "turbo-4", 8, False, None))
-    for handler, args in [(app.inspect_kv, ("", "smollm2-135m", "turbo-4")),
+    for handler, args in [(inspect_tab.inspect_kv, ("", "smollm2-135m", "turbo-4")),
                           (long_context.run_needle, ([], [], [], "smollm2-135m")),
                           (reasoning.run_reasoning, (0, [], 32, [], "smollm2-135m"))]:
         with pytest.raises(gr.Error):
             result = handler(*args)
             list(result) if hasattr(result, "__next__") else None
     assert calls[0] == app.chat_gpu_seconds("", None, None, "m", "t", 8)
-    assert calls[1:] == [app.INSPECT_GPU_SECONDS, app.LONG_GPU_SECONDS, app.LONG_GPU_SECONDS]
+    assert calls[1:] == [INSPECT_GPU_SECONDS, LONG_GPU_SECONDS, LONG_GPU_SECONDS]
     for module in ("app", *TAB_MODULES):  # the next import builds the app without the fake
         monkeypatch.delitem(sys.modules, module)
