@@ -16,17 +16,15 @@ position), zlib, base64), with the number of compressions each layer made and th
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import sys
 import time
 
 import kvpress
 import torch
-import transformers
 from kvpress.utils import compute_n_kept
-from kvpress_worker import decode, pack
-from transformers import AutoModelForCausalLM, DynamicCache
+from kvpress_worker import decode, load_job, pack
+from transformers import DynamicCache
 
 
 def record(model, ids: list[int], context: int, spec: dict, native: torch.Tensor) -> dict:
@@ -76,18 +74,8 @@ def record(model, ids: list[int], context: int, spec: dict, native: torch.Tensor
 
 def main(job_path: str, out_path: str) -> None:
     job = json.load(open(job_path))
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32, attn_implementation="sdpa")
-    model.eval()
+    model, native, result = load_job(job)
     ids, context = job["ids"], job["context"]
-    prompt = torch.tensor([ids[:context]])
-    with torch.inference_mode():
-        native_cache = DynamicCache()
-        model(input_ids=prompt, past_key_values=native_cache, use_cache=True)
-        native = decode(model, native_cache, ids, context)
-    result = {"kvpress": importlib.metadata.version("kvpress"), "text": job.get("text", "GPL-3"),
-              "transformers": transformers.__version__, "torch": torch.__version__, "model": job["model"],
-              "context": context, "decoded": native.shape[0], "ids_head": ids[:8], "presses": {}}
     for name, spec in job["presses"].items():
         start = time.perf_counter()
         result["presses"][name] = record(model, ids, context, spec, native)

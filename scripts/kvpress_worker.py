@@ -48,20 +48,27 @@ def decode(model, cache, ids: list[int], context: int) -> torch.Tensor:
     return torch.stack(out)
 
 
-def main(job_path: str, out_path: str) -> None:
-    job = json.load(open(job_path))
+def load_job(job: dict):
+    """The job's model (fp32, SDPA), its native log-probs of the decoded tokens, and the record's header."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32, attn_implementation="sdpa")
     model.eval()
     ids, context = job["ids"], job["context"]
-    prompt = torch.tensor([ids[:context]])
     with torch.inference_mode():
         native_cache = DynamicCache()
-        model(input_ids=prompt, past_key_values=native_cache, use_cache=True)
+        model(input_ids=torch.tensor([ids[:context]]), past_key_values=native_cache, use_cache=True)
         native = decode(model, native_cache, ids, context)
     result = {"kvpress": importlib.metadata.version("kvpress"), "text": job.get("text", "GPL-3"),
               "transformers": transformers.__version__, "torch": torch.__version__, "model": job["model"],
               "context": context, "decoded": native.shape[0], "ids_head": ids[:8], "presses": {}}
+    return model, native, result
+
+
+def main(job_path: str, out_path: str) -> None:
+    job = json.load(open(job_path))
+    model, native, result = load_job(job)
+    ids, context = job["ids"], job["context"]
+    prompt = torch.tensor([ids[:context]])
     for name, cls in job["presses"].items():
         result["presses"][name] = {}
         for ratio in job["ratios"]:

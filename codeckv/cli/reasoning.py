@@ -14,8 +14,8 @@ from codeckv.cli.types import count, positive, run_name
 NAME = "reasoning"
 HELP = ("word problems with chain of thought per tier: accuracy, agreement and flips against native, first "
         "departure, KLD and top-1 along the tier's own generation")
-DEFAULT_TIERS = ["int8", "turbo-4", "turbo-3", "turbo-3-skip2", "tova-budget256"]
-DEFAULT_STEPS = [2, 3, 4, 5, 6]
+DEFAULT_TIERS = ["int8", "turbo-4", "turbo-3", "turbo-3-skip2", "tova-decoding256"]
+DEFAULT_STEPS = [2, 3, 4]  # native Qwen2.5-Coder-0.5B: 80 / 40 / 0% (docs/reasoning.md)
 SAME = ("seed", "budget")  # what every row of one CSV shares (--update)
 
 

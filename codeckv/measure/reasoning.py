@@ -130,8 +130,14 @@ class _Run:
     seconds: float = 0.0
 
 
+STOP_WINDOW = 8  # newest tokens searched for a stop string: it ends at the newest one, and spans fewer than this
+
+
 def _ended(loaded: LoadedModel, tokens: list[int], budget: int, stop_ids) -> bool:
-    return tokens[-1] in stop_ids or len(tokens) >= budget or has_stop(_text(loaded, tokens))
+    """At an end-of-turn token, the budget, or a stop string the newest token completed (checked on the last
+    STOP_WINDOW tokens only, so a decode step stays O(1) in the reply's length)."""
+    return (tokens[-1] in stop_ids or len(tokens) >= budget
+            or has_stop(_text(loaded, tokens[-STOP_WINDOW:])))
 
 
 def _text(loaded: LoadedModel, tokens: list[int]) -> str:
@@ -221,7 +227,7 @@ def reasoning_grid(
     tiers: list[Tier | Peer | LlamaCppPeer],
     samples: int = 8,
     seed: int = 0,
-    steps: tuple[int, ...] = (3, 4, 5, 6),
+    steps: tuple[int, ...] = (2, 3, 4),
     budget: int = 256,
     progress: Progress | None = None,
     skip: set[RowKey] = frozenset(),

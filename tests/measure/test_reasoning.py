@@ -133,10 +133,16 @@ def test_the_kld_along_a_tiers_own_path_is_native_fed_the_same_tokens(loaded):
     for position, token in enumerate(tier.tokens):
         mine = torch.log_softmax(next_logits(loaded.model, feed, tier_cache)[0], -1)
         theirs = torch.log_softmax(next_logits(loaded.model, feed, native_cache)[0], -1)
-        assert int(mine.argmax()) == token, "the tier's own greedy path, again"
+        assert int(mine.argmax()) == token or _near_tie(mine), "the tier's own greedy path, again"
         assert float(kl_divergence(theirs, mine)) == pytest.approx(tier.kld[position], rel=0.02, abs=1e-4)
-        assert (theirs.argmax() == mine.argmax()) == tier.top1[position]
+        assert (theirs.argmax() == mine.argmax()) == tier.top1[position] or _near_tie(mine) or _near_tie(theirs)
         feed = torch.tensor([[token]])
+
+
+def _near_tie(logprobs: torch.Tensor) -> bool:
+    """The two likeliest tokens within the rounding another batch shape gives (the argmax may swap there)."""
+    top = logprobs.topk(2).values
+    return float(top[0] - top[1]) < 1e-4
 
 
 def test_rows_already_measured_are_skipped_and_the_rest_are_the_same(loaded, grid):
