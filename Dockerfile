@@ -12,7 +12,7 @@ ENV HOME=/home/user \
     PATH=/home/user/app/.venv/bin:$PATH
 WORKDIR /home/user/app
 
-COPY --chown=user requirements.txt requirements-dev.txt requirements-peers.txt ./
+COPY --chown=user requirements.txt requirements-dev.txt requirements-peers.txt requirements-cluster.txt ./
 COPY --chown=user scripts/ scripts/
 RUN scripts/setup.sh
 COPY --chown=user . .

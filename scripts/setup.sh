@@ -9,13 +9,14 @@
 #                               sha-256 on first load: codeckv/models.py)
 #   scripts/setup.sh --peers    also the peers measured beside the tiers (optimum-quanto, hqq; --dev implies it)
 #   scripts/setup.sh --convert  convert the embedded model once into $CODECKV_CACHE, and calibrate its PCA tiers
+#   scripts/setup.sh --cluster  also Ray, for the grid commands' --ray (requirements-cluster.txt; --dev implies it)
 #   scripts/setup.sh --llamacpp also llama-cpp-python, built from source for this CPU (llama.cpp's KV types as
 #                               peers, codeckv/measure/llamacpp.py); GGML_NATIVE=OFF builds a portable library
 # Idempotent: a second run checks a stamp and finishes in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dev=0; gemma=0; qwen=0; peers=0; convert=0; llamacpp=0
+dev=0; gemma=0; qwen=0; peers=0; convert=0; llamacpp=0; cluster=0
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1 ;;
@@ -24,7 +25,9 @@ for arg in "$@"; do
     --peers) peers=1 ;;
     --convert) convert=1 ;;
     --llamacpp) llamacpp=1 ;;
-    *) echo "setup.sh: unknown flag '$arg' (allowed: --dev --gemma --qwen --peers --convert --llamacpp)" >&2; exit 2 ;;
+    --cluster) cluster=1 ;;
+    *) echo "setup.sh: unknown flag '$arg' (allowed: --dev --gemma --qwen --peers --convert --llamacpp --cluster)" >&2
+       exit 2 ;;
   esac
 done
 
@@ -83,6 +86,11 @@ if [ "$llamacpp" = 1 ] || [ "$dev" = 1 ]; then
     echo "setup: built $LLAMACPP in $(( $(date +%s) - start )) s"
     echo "$want" > "$stamp"
   fi
+fi
+
+# Ray for the grid commands' --ray (pip install '.[cluster]'): --cluster, and --dev (tests/grid/test_cluster.py)
+if [ "$cluster" = 1 ] || [ "$dev" = 1 ]; then
+  install_once cluster requirements-cluster.txt -- -r requirements-cluster.txt
 fi
 
 if [ "$dev" = 1 ]; then

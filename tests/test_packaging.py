@@ -22,7 +22,7 @@ def test_dockerfile_copies_what_setup_reads_before_running_it():
     copied = {src for words in lines[:first_setup] if words[0] == "COPY" for src in words[1:-1]
               if not src.startswith("--")}
     read = set(re.findall(r"-r (\S+\.txt)", (ROOT / "scripts" / "setup.sh").read_text()))
-    assert read == {"requirements.txt", "requirements-dev.txt", "requirements-peers.txt"}
+    assert read == {"requirements.txt", "requirements-dev.txt", "requirements-peers.txt", "requirements-cluster.txt"}
     assert read | {"scripts/"} <= copied
     convert = next(i for i, words in enumerate(lines) if words[:3] == ["RUN", "scripts/setup.sh", "--convert"])
     copy_all = next(i for i, words in enumerate(lines) if words[0] == "COPY" and words[-2:] == [".", "."])
@@ -37,7 +37,10 @@ def test_package_metadata_names_the_licence_and_the_command():
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
     assert project["scripts"] == {"codeckv": "codeckv.cli:main"}
     assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "codeckv.__version__"}
-    assert {"app", "gemma", "dev"} <= set(project["optional-dependencies"])
+    assert {"app", "gemma", "dev", "cluster"} <= set(project["optional-dependencies"])
+    ray = [line for line in (ROOT / "requirements-cluster.txt").read_text().splitlines() if line.startswith("ray")]
+    assert project["optional-dependencies"]["cluster"] == ray == ["ray==2.60.0"], "one pin for the cluster extra"
+    assert "ray" not in (ROOT / "requirements.txt").read_text(), "the Space never installs Ray"
 
 
 def test_makefile_and_ci_use_setup_script():

@@ -42,6 +42,25 @@ def step_bar(total: int, desc: str, unit: str = "it") -> Iterator[Callable[[str]
         yield progress
 
 
+def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
+    """--threads and --ray, for a command whose grid runs on codeckv/grid/'s runner."""
+    parser.add_argument("--threads", type=count, default=0,
+                        help="torch CPU threads (default: torch's choice; with --ray, per worker, default 1)")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="run the cells on a Ray cluster (pip install 'codeckv[cluster]'): without ADDRESS "
+                             "$RAY_ADDRESS or a cluster started here on 127.0.0.1; 'auto' joins the one this node "
+                             "is in; host:port another. Rows as the serial run's; each records its node")
+
+
+def grid_backend(args: argparse.Namespace):
+    """The runner's backend --ray / --threads ask for: a Ray cluster, or this process."""
+    from codeckv.grid import Local, Ray
+
+    if args.ray is None:
+        return Local(args.threads)
+    return Ray(args.ray or None, args.threads or 1)
+
+
 def load(args: argparse.Namespace):
     """Load --model (the embedded default when unset), saying so on stderr: a first load converts or downloads."""
     from codeckv.models import DEFAULT_MODEL, load_model

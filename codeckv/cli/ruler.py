@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import sys
 import time
 from pathlib import Path
 
-from codeckv.cli.common import file_stem, forward_bar, load, model_context, set_threads, write_figures
+from codeckv.cli.common import add_grid_arguments, file_stem, grid_backend, model_context, write_figures
 from codeckv.cli.types import count, positive, run_name
 from codeckv.presses.base import PRESS_MODE_MEANING, PRESS_MODES
 
 NAME = "ruler"
 HELP = "RULER-style long-context tasks per tier and length (score 0-100), one native prefill per sample"
 DEFAULT_TIERS = ["int8", "turbo-4", "turbo-3", "snapkv-50", "expected-50"]
-SAME = ("samples", "seed", "haystack")  # what every row of one CSV shares (--update)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,56 +33,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              + "; ".join(f"{mode} = {meaning}" for mode, meaning in PRESS_MODE_MEANING.items()))
     parser.add_argument("--haystack", default=DEFAULT_HAYSTACK,
                         help="the essay haystack: corpus, docstrings, bible (default) or a UTF-8 text file")
-    parser.add_argument("--threads", type=count, default=0, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--out", help="CSV path (default out/ruler-<model>.csv), written after every task")
+    add_grid_arguments(parser)
+    parser.add_argument("--out", help="CSV path of the averages (default out/ruler-<model>.csv); each answer goes to "
+                                      "<out>-samples.csv as its sample finishes")
     parser.add_argument("--charts", help="folder for the HTML charts of the whole CSV (default out/ruler-<model>)")
     parser.add_argument("--update", action="store_true",
-                        help="keep the rows of the CSV at --out (same --samples, --seed, --haystack) and measure "
-                             "only the (task, length, tier) rows it lacks: resumes an interrupted run")
-
-
-def _read(path: Path) -> list[dict]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+                        help="keep the rows of both CSVs (same --seed, --haystack) and measure only the samples and "
+                             "tiers they lack: resumes an interrupted run, or grows --samples")
 
 
 def run(args: argparse.Namespace) -> None:
+    from codeckv.grid import run_grid
+    from codeckv.grid.runner import kept_rows, read_rows, write_rows
     from codeckv.measure.long_tasks.haystack import haystack_text
-    from codeckv.measure.peers import run_for
-    from codeckv.measure.ruler import as_dicts, check_grid, row_key, ruler_grid
-    from codeckv.measure.table import format_table, numbers, write_csv
+    from codeckv.measure.ruler import as_dicts, check_grid, row_key, summarize
+    from codeckv.measure.ruler_job import RulerJob
+    from codeckv.measure.table import format_table, numbers
 
-    tiers = [run_for(name) for name in args.tiers]
     # a bad haystack file, a length past the context, an --update of other samples: each said before the model loads
     haystack_text(args.haystack)
     model, context = model_context(args)
     check_grid(model, context, args.tasks, args.lengths, args.samples)
+    job = RulerJob(model, args.tiers, args.tasks, args.lengths, args.samples, args.seed, args.haystack,
+                   args.press_mode)
     out = Path(args.out or f"out/ruler-{file_stem(model)}.csv")
-    kept = _read(out) if args.update and out.exists() else []
-    for row in kept:
-        for column in SAME:
-            if str(row[column]) != str(getattr(args, column)):
-                raise ValueError(f"{out} was measured with --{column} {row[column]}, not {getattr(args, column)}: "
-                                 "update a CSV measured on the same samples, or write a new one")
-    set_threads(args.threads)
-    loaded = load(args)
-    rows = list(kept)
-
-    def written(cell: list) -> None:
-        rows.extend(as_dicts(cell))
-        write_csv(rows, out)
-
-    bar, progress = forward_bar("ruler", unit="sample")
+    averages_kept = kept_rows(job, out, args.update)
     start = time.perf_counter()
-    try:
-        new = ruler_grid(loaded, tiers, args.tasks, args.lengths, args.samples, args.seed, args.haystack,
-                         args.press_mode, progress, {row_key(r) for r in kept}, written)
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"interrupted: {out} holds the {len(rows)} rows done; --update resumes", file=sys.stderr)
-        raise
-    bar.close()
-    table = as_dicts(new)
+    samples = run_grid(job, out.with_name(f"{out.stem}-samples{out.suffix}"), grid_backend(args), args.update)
+    summary = as_dicts(summarize(samples))
+    measured = {row_key(row) for row in summary}
+    averages = [row for row in averages_kept if row_key(row) not in measured] + summary  # older rows first
+    if not averages:
+        print("nothing measured")
+        return
+    write_rows(averages, out)
+    names, asked = job.names(), {(t, length) for t in args.tasks for length in args.lengths}
+    table = [row for row in summary if row["tier"] in names and (row["task"], row["length"]) in asked]
     print(format_table(table, ["task", "length", "tier", "samples", "score", "score_se", "seconds", "prefill_share",
                                "stored_vs_bf16", "press_mode"]))
     print(_averages(table))
@@ -93,10 +76,7 @@ def run(args: argparse.Namespace) -> None:
     protocol = f"; presses {args.press_mode}: {PRESS_MODE_MEANING[args.press_mode]}" if presses else ""
     print(f"{args.samples} samples per task and length, seed {args.seed}, haystack {args.haystack}{protocol}; "
           f"took {time.perf_counter() - start:.1f} s")
-    if not rows:
-        print("nothing new to measure")
-        return
-    points = [numbers(row) for row in _read(out)]  # the whole CSV, kept rows too
+    points = [numbers(row) for row in read_rows(out)]  # the whole CSV, kept rows too
     lengths = sorted({int(row["length"]) for row in points})
     paths = write_figures(lambda figures: {"ruler_scores": figures.ruler_heatmap_figure(points, model),
                                            **{f"ruler_bytes_{n}": figures.ruler_bytes_figure(points, n, model)
@@ -106,7 +86,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _averages(rows: list[dict]) -> str:
-    """The RULER average (mean over the tasks) per tier and length, as a table."""
+    """The RULER average (mean over the tasks) per tier and length, with its standard error (the tasks' errors
+    combined: se of a mean of independent means), as a table."""
     from codeckv.measure.table import format_table
 
     lengths = sorted({row["length"] for row in rows})
@@ -115,7 +96,9 @@ def _averages(rows: list[dict]) -> str:
     for tier in tiers:
         line = {"tier": tier}
         for length in lengths:
-            scores = [row["score"] for row in rows if row["tier"] == tier and row["length"] == length]
-            line[f"{length} tok"] = sum(scores) / len(scores) if scores else float("nan")
+            cells = [row for row in rows if row["tier"] == tier and row["length"] == length]
+            line[f"{length} tok"] = sum(r["score"] for r in cells) / len(cells) if cells else float("nan")
+            line[f"{length} se"] = (sum(r["score_se"] ** 2 for r in cells) ** 0.5 / len(cells) if cells
+                                    else float("nan"))
         table.append(line)
     return "RULER average over the tasks measured:\n" + format_table(table)

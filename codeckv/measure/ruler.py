@@ -75,6 +75,26 @@ class RulerRow:
     haystack: str
 
 
+@dataclass
+class RulerSampleRow:
+    """One tier's answer to one sample: the grid's cell (a sample) gives one per tier; summarize() averages them."""
+
+    task: str
+    length: int
+    sample: int  # the sample's index: (task, length, seed, sample, haystack) draws it
+    tier: str
+    score: float  # RULER's score of this answer, 0-100
+    seconds: float  # the tier's own work (cache built, question, its share of the decode steps), not the prefill
+    prefill_seconds: float  # the shared native prefill of this sample (0 where no tier read one)
+    stored_vs_bf16: float  # what the cache stores per token seen vs bf16 after the context
+    held_bytes: int  # every tensor the cache owned after the context; 0 for llama.cpp (its buffers are its own)
+    prompt_tokens: int
+    press_mode: str
+    seed: int
+    haystack: str
+
+
+_NUMERIC = ("score", "seconds", "prefill_seconds", "stored_vs_bf16", "held_bytes", "prompt_tokens")
 RowKey = tuple[str, int, str]  # (task, length, tier)
 
 
@@ -170,14 +190,6 @@ def _own_prefill(loaded: LoadedModel, tier: Tier, context: torch.Tensor):
     return cache
 
 
-@dataclass
-class _Tally:
-    scores: list[float]
-    seconds: float = 0.0
-    stored: float = 0.0
-    held: int = 0
-
-
 def tier_cache(loaded: LoadedModel, tier, prefill: SharedPrefill | None, context: torch.Tensor, press_mode: str):
     """(cache holding the context, stores vs bf16) for a tier or transformers peer."""
     if isinstance(tier, Peer):
@@ -190,6 +202,74 @@ def tier_cache(loaded: LoadedModel, tier, prefill: SharedPrefill | None, context
     return cache, footprint(cache).stored_ratio(tier.coded)
 
 
+def grid_tiers(loaded: LoadedModel, tiers: list[Tier | Peer | LlamaCppPeer], press_mode: str) -> list:
+    """The tiers of a grid checked and ready, native last (it answers in the prefill's own cache): a peer that cannot
+    run here refused, and every calibration (a PCA basis, FP8 scales: minutes, once per model) done before any
+    sample, so none is counted in a sample's seconds."""
+    check_press_mode(press_mode)
+    tiers = [t for t in tiers if not t.is_native] + [TIERS["native"]]
+    for tier in tiers:
+        if isinstance(tier, Peer | LlamaCppPeer) and (reason := absent_reason(tier, loaded.info)):
+            raise ValueError(reason)
+    for tier in tiers:
+        if isinstance(tier, Tier):
+            calibration_for(loaded, tier)
+    return tiers
+
+
+def open_engines(stack: ExitStack, tiers: list, model: str, n_ctx: int) -> dict:
+    """llama.cpp's engine per llama.cpp type among `tiers`, on as many threads as torch (so their seconds compare),
+    closed with `stack`."""
+    return {t.name: stack.enter_context(open_engine(t, model, n_ctx=n_ctx, n_threads=torch.get_num_threads()))
+            for t in tiers if isinstance(t, LlamaCppPeer)}
+
+
+def ruler_sample(loaded: LoadedModel, tiers: list, task: str, length: int, index: int, seed: int = 0,
+                 haystack: str = DEFAULT_HAYSTACK, press_mode: str = "once", engines: dict | None = None,
+                 say: Callable[[str], None] = lambda message: None) -> list[RulerSampleRow]:
+    """Sample `index` of `task` at `length`, every tier of `tiers` (from grid_tiers; llama.cpp's in `engines`)
+    answering it: one row per tier, native's last. `say` hears each stage (a place to stop)."""
+    sample = long_sample(task, loaded.tokenizer, length, seed, index, haystack)
+    context = sample.context_ids.to(loaded.model.device)
+    question = sample.question_ids.to(loaded.model.device)
+    shared = [t for t in tiers if not isinstance(t, LlamaCppPeer) and press_mode_of(t, press_mode) not in
+              ("chunked", "budget")]
+    where = f"{task} at {length} tokens, sample {index + 1}"
+    say(f"{where}: prefilling {context.shape[1]:,} tokens" if shared else where)
+    prefill, prefill_seconds = None, 0.0  # no tier reads a shared prefill (llama.cpp's, chunked presses): none
+    if shared:
+        start = time.perf_counter()
+        prefill = shared_prefill(loaded, context, capture_queries=any(press_mode_of(t, press_mode) == "once"
+                                                                      for t in shared))
+        prefill_seconds = time.perf_counter() - start
+    geometry = KVGeometry(len(loaded.info.layer_types), loaded.info.num_kv_heads, loaded.info.head_dim)
+    rows, answers = {}, []
+    for tier in tiers:
+        say(f"{where}: {tier.name}")
+        start = time.perf_counter()
+        row = RulerSampleRow(task, length, index, tier.name, math.nan, 0.0, prefill_seconds, 1.0, 0,
+                             sample.prompt_tokens, press_mode_of(tier, press_mode), seed, haystack)
+        if isinstance(tier, LlamaCppPeer):
+            ids = torch.cat([sample.context_ids, sample.question_ids], dim=1)[0].tolist()
+            row.score = string_match_all(engines[tier.name].greedy(ids, sample.answer_tokens).text, sample.outputs)
+            row.stored_vs_bf16 = (rule_bytes_per_token(tier, geometry)
+                                  / rule_bytes_per_token(LLAMACPP_REFERENCE, geometry))
+        else:
+            cache, row.stored_vs_bf16 = tier_cache(loaded, tier, prefill, context, press_mode)
+            row.held_bytes = held_bytes(cache) if not isinstance(tier, Peer) else peer_footprint(cache).resident_bytes
+            answers.append(_Answer(tier.name, cache, [_first_token(loaded, cache, question)]))
+        row.seconds = time.perf_counter() - start
+        rows[tier.name] = row
+    del prefill  # its captured queries (the presses are built): the answers hold every cache they need
+    say(f"{where}: {len(answers)} answers decoding together")
+    _decode_together(loaded, answers, sample.answer_tokens, stop_token_ids(loaded.tokenizer, loaded.model),
+                     sample.outputs)
+    for answer in answers:
+        rows[answer.name].seconds += answer.seconds
+        rows[answer.name].score = string_match_all(_text(loaded, answer.tokens), sample.outputs)
+    return list(rows.values())
+
+
 def ruler_grid(
     loaded: LoadedModel,
     tiers: list[Tier | Peer | LlamaCppPeer],
@@ -200,97 +280,51 @@ def ruler_grid(
     haystack: str = DEFAULT_HAYSTACK,
     press_mode: str = "once",
     progress: Progress | None = None,
-    skip: set[RowKey] = frozenset(),
-    on_cell: Callable[[list[RulerRow]], None] | None = None,
 ) -> list[RulerRow]:
-    """Native and every tier on `samples` samples of every task at every length (module docstring): one row per
-    (task, length, tier), except those in `skip` (rows already measured). `on_cell` receives each (length, task)'s
-    rows as they are done, so an interrupted run keeps them."""
+    """Native and every tier on `samples` samples of every task at every length (module docstring), in this
+    process: one row per (task, length, tier). The CLI runs the same samples as grid cells (ruler_job.py)."""
     tasks, lengths = list(tasks), list(lengths)
-    check_press_mode(press_mode)
     check_grid(loaded.info.name, loaded.info.max_context, tasks, lengths, samples)
     haystack_text(haystack)  # a bad file fails here, before any prefill
-    tiers = [t for t in tiers if not t.is_native] + [TIERS["native"]]  # native last: it answers in the prefill's cache
-    for tier in tiers:
-        if isinstance(tier, Peer | LlamaCppPeer) and (reason := absent_reason(tier, loaded.info)):
-            raise ValueError(reason)
-    for tier in tiers:  # a PCA basis or FP8 scales: computed once per model (minutes), never in a tier's seconds
-        if isinstance(tier, Tier):
-            calibration_for(loaded, tier)
-    stop_ids = stop_token_ids(loaded.tokenizer, loaded.model)
-    cells = [(length, task) for length in lengths for task in tasks
-             if any((task, length, t.name) not in skip for t in tiers)]
-    total, done, rows = len(cells) * samples, 0, []
+    tiers = grid_tiers(loaded, tiers, press_mode)
+    total, done, rows = len(tasks) * len(lengths) * samples, 0, []
 
-    def say(done: int, message: str) -> None:  # also where a stop or the app's deadline interrupts
+    def say(message: str) -> None:  # also where a stop or the app's deadline interrupts
         if progress:
             progress(done, total, message)
 
-    geometry = KVGeometry(len(loaded.info.layer_types), loaded.info.num_kv_heads, loaded.info.head_dim)
-    with ExitStack() as engines:  # llama.cpp on as many threads as torch (--threads), so their seconds compare
-        opened = {t.name: engines.enter_context(open_engine(t, loaded.info.name, n_ctx=max(lengths),
-                                                            n_threads=torch.get_num_threads()))
-                  for t in tiers if isinstance(t, LlamaCppPeer)}
-        for length, task in cells:
-            todo = [t for t in tiers if (task, length, t.name) not in skip]
-            tally = {t.name: _Tally([]) for t in todo}
-            prefill_seconds, prompt_tokens = 0.0, []
-            shared = [t for t in todo if not isinstance(t, LlamaCppPeer)
-                      and press_mode_of(t, press_mode) not in ("chunked", "budget")]
-            presses = any(press_mode_of(t, press_mode) == "once" for t in shared)
-            for index in range(samples):
-                sample = long_sample(task, loaded.tokenizer, length, seed, index, haystack)
-                context = sample.context_ids.to(loaded.model.device)
-                question = sample.question_ids.to(loaded.model.device)
-                prompt_tokens.append(sample.prompt_tokens)
-                where = f"{task} at {length} tokens, sample {index + 1}/{samples}"
-                say(done, f"{where}: prefilling {context.shape[1]:,} tokens" if shared else where)
-                prefill = None  # no tier reads a shared prefill (llama.cpp's, chunked presses): no share to give
-                if shared:
-                    start = time.perf_counter()
-                    prefill = shared_prefill(loaded, context, capture_queries=presses)
-                    prefill_seconds += time.perf_counter() - start
-                answers = []
-                for tier in todo:
-                    say(done, f"{where}: {tier.name}")
-                    entry, start = tally[tier.name], time.perf_counter()
-                    if isinstance(tier, LlamaCppPeer):
-                        ids = torch.cat([sample.context_ids, sample.question_ids], dim=1)[0].tolist()
-                        answer = opened[tier.name].greedy(ids, sample.answer_tokens).text
-                        entry.scores.append(string_match_all(answer, sample.outputs))
-                        stored, held = (rule_bytes_per_token(tier, geometry)
-                                        / rule_bytes_per_token(LLAMACPP_REFERENCE, geometry)), 0
-                    else:
-                        cache, stored = tier_cache(loaded, tier, prefill, context, press_mode)
-                        held = held_bytes(cache) if not isinstance(tier, Peer) else peer_footprint(cache).resident_bytes
-                        answers.append(_Answer(tier.name, cache, [_first_token(loaded, cache, question)]))
-                    entry.seconds += time.perf_counter() - start
-                    entry.stored += stored / samples
-                    entry.held += held // samples
-                del prefill  # its captured queries (the presses are built): the answers hold every cache they need
-                say(done, f"{where}: {len(answers)} answers decoding together")
-                _decode_together(loaded, answers, sample.answer_tokens, stop_ids, sample.outputs)
-                for answer in answers:
-                    tally[answer.name].seconds += answer.seconds
-                    tally[answer.name].scores.append(string_match_all(_text(loaded, answer.tokens), sample.outputs))
-                del answers
-                done += 1
-                say(done, where)
-            cell = []
-            for tier in todo:
-                entry = tally[tier.name]
-                own = entry.seconds
-                cell.append(RulerRow(
-                    task, length, tier.name, samples, statistics.fmean(entry.scores),
-                    statistics.stdev(entry.scores) / math.sqrt(samples) if samples > 1 else math.nan,
-                    own + (prefill_seconds if tier.is_native else 0.0),
-                    own / prefill_seconds if prefill_seconds else math.nan, entry.stored, entry.held,
-                    statistics.fmean(prompt_tokens), press_mode_of(tier, press_mode), seed,
-                    haystack))
-            rows += cell
-            if on_cell:
-                on_cell(cell)
-    return rows
+    with ExitStack() as stack:
+        engines = open_engines(stack, tiers, loaded.info.name, max(lengths))
+        for length in lengths:
+            for task in tasks:
+                for index in range(samples):
+                    rows += ruler_sample(loaded, tiers, task, length, index, seed, haystack, press_mode, engines, say)
+                    done += 1
+                    say(f"{task} at {length} tokens, sample {index + 1}/{samples}")
+    return summarize([asdict(row) for row in rows])
+
+
+def summarize(rows: list[dict]) -> list[RulerRow]:
+    """Per-sample rows (RulerSampleRow's columns, read from a CSV or not) as one row per (task, length, tier): the
+    mean score and its standard error over the samples, the seconds summed (native's with the shared prefills)."""
+    groups: dict[RowKey, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row_key(row), []).append(row)
+    summary = []
+    for (task, length, tier), texts in groups.items():
+        group = [{column: float(row[column]) for column in _NUMERIC} for row in texts]
+        n, scores = len(group), [row["score"] for row in group]
+        own, prefill = sum(row["seconds"] for row in group), sum(row["prefill_seconds"] for row in group)
+        first = texts[0]
+        summary.append(RulerRow(
+            task, length, tier, n, statistics.fmean(scores),
+            statistics.stdev(scores) / math.sqrt(n) if n > 1 else math.nan,
+            own + (prefill if tier == "native" else 0.0), own / prefill if prefill else math.nan,
+            statistics.fmean(row["stored_vs_bf16"] for row in group),
+            int(statistics.fmean(row["held_bytes"] for row in group)),
+            statistics.fmean(row["prompt_tokens"] for row in group),
+            str(first["press_mode"]), int(first["seed"]), str(first["haystack"])))
+    return summary
 
 
 def task_line(name: str) -> str:

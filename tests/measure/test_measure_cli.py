@@ -125,8 +125,11 @@ def test_ruler_cli_writes_rulers_columns_and_update_measures_only_what_is_missin
     assert main([*small, "--tiers", "int8", "turbo-4", "--update"]) == 0
     with out.open() as f:
         assert [r["tier"] for r in csv.DictReader(f)] == ["int8", "native", "turbo-4"]
+    with out.with_name("ruler-samples.csv").open() as f:
+        assert [(r["sample"], r["tier"]) for r in csv.DictReader(f)] == [("0", "int8"), ("0", "native"),
+                                                                          ("0", "turbo-4")]
     assert main([*small, "--tiers", "int8", "--update", "--seed", "7"]) == 1  # other samples: refused
-    assert "measured with --seed 0" in capsys.readouterr().err
+    assert "measured with seed 0, not 7" in capsys.readouterr().err
 
 
 def test_quality_at_depths_writes_a_row_per_tier_and_depth_and_a_chart_per_metric(tmp_path, capsys):

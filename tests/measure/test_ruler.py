@@ -1,6 +1,7 @@
 """The long-context grid: one native prefill per sample serving every tier, rows RULER's way, resumable."""
 
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -8,23 +9,28 @@ import torch
 from codeckv.cache.stacked import StackedCache
 from codeckv.measure.generate import next_logits
 from codeckv.measure.long_tasks import long_sample
-from codeckv.measure.ruler import _Answer, _decode_together, _first_token, row_key, ruler_grid
+from codeckv.measure.ruler import (
+    _Answer,
+    _decode_together,
+    _first_token,
+    grid_tiers,
+    ruler_grid,
+    ruler_sample,
+    summarize,
+)
+from codeckv.measure.ruler_job import RulerJob
 from codeckv.measure.shared_prefill import shared_prefill
 from codeckv.tiers import get_tier
 
 
 @pytest.fixture(scope="module")
 def grid(loaded):
-    cells = []
-    rows = ruler_grid(loaded, [get_tier("turbo-4"), get_tier("snapkv-50")], ["niah_single_1"], [512], samples=2,
-                      on_cell=cells.append)
-    return rows, cells
+    return ruler_grid(loaded, [get_tier("turbo-4"), get_tier("snapkv-50")], ["niah_single_1"], [512], samples=2)
 
 
 def test_one_row_per_task_length_and_tier_with_rulers_score(grid):
-    rows, cells = grid
+    rows = grid
     assert [r.tier for r in rows] == ["turbo-4", "snapkv-50", "native"]
-    assert cells == [rows]  # handed over as the cell finished, before the run returned
     for row in rows:
         assert row.task == "niah_single_1" and row.length == 512 and row.samples == 2
         assert 0.0 <= row.score <= 100.0 and row.score_se >= 0.0
@@ -38,31 +44,39 @@ def test_one_row_per_task_length_and_tier_with_rulers_score(grid):
 
 
 def test_the_native_row_carries_the_shared_prefill(grid):
-    rows, _ = grid
+    rows = grid
     by_tier = {r.tier: r for r in rows}
     prefill = by_tier["turbo-4"].seconds / by_tier["turbo-4"].prefill_share
     native = by_tier["native"]
     assert native.seconds == pytest.approx(prefill + native.prefill_share * prefill)
 
 
-def test_rows_already_measured_are_skipped(loaded, grid):
-    rows, _ = grid
-    again = ruler_grid(loaded, [get_tier("turbo-4"), get_tier("snapkv-50")], ["niah_single_1"], [512], samples=2,
-                       skip={row_key(r) for r in rows if r.tier != "snapkv-50"})
-    assert [r.tier for r in again] == ["snapkv-50"]
-    assert again[0].score == {r.tier: r for r in rows}["snapkv-50"].score  # the same samples, deterministic
-    assert math.isfinite(again[0].prefill_share)
+def test_a_resumed_grid_runs_only_the_samples_and_tiers_its_csv_lacks():
+    job = RulerJob("smollm2-135m", ["turbo-4", "snapkv-50"], ["niah_single_1"], [512], samples=3)
+    kept = [{"task": "niah_single_1", "length": "512", "sample": str(index), "tier": tier}
+            for index in (0, 1) for tier in ("turbo-4", "native")] + [
+           {"task": "niah_single_1", "length": "512", "sample": "0", "tier": "snapkv-50"}]
+    assert job.cells(kept) == [{"task": "niah_single_1", "length": 512, "sample": 1, "tiers": ["snapkv-50"]},
+                               {"task": "niah_single_1", "length": 512, "sample": 2,
+                                "tiers": ["turbo-4", "snapkv-50", "native"]}]
 
 
-def test_without_a_shared_prefill_no_share_is_given(loaded, grid):
-    """Native's row already measured and the one tier prefilling the context itself (a press in chunked mode, as
+def test_a_tier_measured_alone_scores_as_in_the_whole_grid(loaded, grid):
+    """The same sample (deterministic for the seed and index), the tier without the others beside it."""
+    [press] = grid_tiers(loaded, [get_tier("snapkv-50")], "once")[:1]
+    scores = [ruler_sample(loaded, [press], "niah_single_1", 512, index)[0].score for index in (0, 1)]
+    assert sum(scores) / 2 == {r.tier: r for r in grid}["snapkv-50"].score
+
+
+def test_without_a_shared_prefill_no_share_is_given(loaded):
+    """Native's row not asked for and the one tier prefilling the context itself (a press in chunked mode, as
     llama.cpp's types do): no prefill is shared, so the row's share of it is not a number (not its seconds over
     the microseconds of no prefill)."""
-    rows, _ = grid
-    alone = ruler_grid(loaded, [get_tier("snapkv-50")], ["niah_single_1"], [512], samples=2, press_mode="chunked",
-                       skip={row_key(r) for r in rows if r.tier == "native"})
-    assert [r.tier for r in alone] == ["snapkv-50"] and alone[0].press_mode == "chunked"
-    assert alone[0].seconds > 0 and math.isnan(alone[0].prefill_share)
+    [press] = grid_tiers(loaded, [get_tier("snapkv-50")], "chunked")[:1]
+    rows = [asdict(ruler_sample(loaded, [press], "niah_single_1", 512, 0, press_mode="chunked")[0])]
+    [alone] = summarize(rows)
+    assert alone.tier == "snapkv-50" and alone.press_mode == "chunked" and rows[0]["prefill_seconds"] == 0.0
+    assert alone.seconds > 0 and math.isnan(alone.prefill_share)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -1,0 +1,108 @@
+"""The one grid runner with a job that needs no model: resume, the grid's order, each cell once, Ctrl-C keeps rows."""
+
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from codeckv.grid import Local, run_grid
+from codeckv.grid.runner import read_rows
+
+
+@dataclass
+class Squares:
+    """Cells 0..n-1, two rows each (x and x squared); `stop_at` raises KeyboardInterrupt in that cell (a Ctrl-C)."""
+
+    n: int
+    seed: int = 0
+    stop_at: int = -1
+    name: str = "squares"
+    key: tuple = ("x",)
+    same: tuple = ("seed",)
+    opened: list = field(default_factory=list)
+
+    def order(self):
+        return [(str(x),) for x in range(self.n)]
+
+    def cells(self, kept):
+        have = {row["x"] for row in kept}
+        return [{"x": x} for x in range(self.n) if str(x) not in have]
+
+    def open(self):
+        self.opened.append(True)
+
+        def rows(cell):
+            if cell["x"] == self.stop_at:
+                raise KeyboardInterrupt
+            return [{"x": cell["x"], "what": "x", "value": cell["x"], "seed": self.seed},
+                    {"x": cell["x"], "what": "square", "value": cell["x"] ** 2, "seed": self.seed}]
+
+        return rows
+
+
+class Shuffled(Local):
+    """A backend handing cells back out of order, one of them twice (as a cluster might): the CSV must not care."""
+
+    def run(self, job, cells):
+        done = list(super().run(job, cells))
+        yield from [*reversed(done), done[0]]
+
+
+def _values(path):
+    return [(row["x"], row["what"], row["value"]) for row in read_rows(path)]
+
+
+def test_rows_are_written_in_the_grids_order_each_cell_once(tmp_path):
+    serial, shuffled = tmp_path / "serial.csv", tmp_path / "shuffled.csv"
+    run_grid(Squares(4), serial, Local())
+    run_grid(Squares(4), shuffled, Shuffled())
+    assert _values(serial) == _values(shuffled) == [(str(x), what, str(v)) for x in range(4)
+                                                    for what, v in (("x", x), ("square", x * x))]
+    assert {row["node"] for row in read_rows(serial)} and read_rows(serial)[0]["node_kind"]
+
+
+def test_update_measures_only_the_cells_the_csv_lacks_and_grows_the_grid(tmp_path):
+    out = tmp_path / "grid.csv"
+    run_grid(Squares(2), out, Local())
+    grown = Squares(5)
+    run_grid(grown, out, Local(), update=True)
+    assert [x for x, what, _ in _values(out) if what == "x"] == ["0", "1", "2", "3", "4"]
+    done = Squares(5)
+    run_grid(done, out, Local(), update=True)
+    assert done.opened == [], "nothing left to measure: the model is never loaded"
+
+
+def test_update_refuses_a_csv_measured_another_way(tmp_path):
+    out = tmp_path / "grid.csv"
+    run_grid(Squares(2), out, Local())
+    with pytest.raises(ValueError, match="measured with seed 0, not 7"):
+        run_grid(Squares(3, seed=7), out, Local(), update=True)
+    assert len(read_rows(out)) == 4, "a refused update leaves the CSV as it was"
+
+
+def test_an_interrupt_keeps_every_finished_cell_and_update_resumes(tmp_path, capsys):
+    out = tmp_path / "grid.csv"
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(Squares(4, stop_at=2), out, Local())
+    assert [x for x, what, _ in _values(out) if what == "x"] == ["0", "1"]
+    assert "holds the 4 rows done; --update resumes" in capsys.readouterr().err
+    run_grid(Squares(4), out, Local(), update=True)
+    assert _values(out) == _values(_full(tmp_path))
+
+
+def _full(tmp_path):
+    path = tmp_path / "full.csv"
+    run_grid(Squares(4), path, Local())
+    return path
+
+
+def test_without_ray_the_cluster_flag_says_how_to_install_it_in_one_line(tmp_path, monkeypatch, capsys):
+    from codeckv.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError, as where it is not installed
+    code = main(["ruler", "--lengths", "512", "--tasks", "niah_single_1", "--samples", "1", "--tiers", "int8",
+                 "--ray", "--out", str(tmp_path / "ruler.csv")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1] == ("error: --ray needs Ray, which is not installed: pip install 'codeckv[cluster]' "
+                                     "(or pip install ray==2.60.0)")
+    assert not (tmp_path / "ruler-samples.csv").exists()
