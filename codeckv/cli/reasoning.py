@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 import time
 from pathlib import Path
 
-from codeckv.cli.common import file_stem, forward_bar, load, model_context, set_threads, write_figures
+from codeckv.cli.common import add_grid_arguments, file_stem, grid_backend, model_context, write_figures
 from codeckv.cli.types import count, positive, run_name
 
 NAME = "reasoning"
@@ -30,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "llama.cpp's f16 whenever a llama.cpp type is named")
     parser.add_argument("--budget", type=positive, default=256,
                         help="most tokens a reply may generate (default 256)")
-    parser.add_argument("--threads", type=count, default=0, help="torch CPU threads (default: torch's choice)")
+    add_grid_arguments(parser)
     parser.add_argument("--out", help="summary CSV (default out/reasoning-<model>.csv); beside it <stem>-problems.csv "
                                       "(one row per problem and tier, written after every problem) and "
                                       "<stem>-curve.csv (KLD along the generation)")
@@ -65,36 +64,20 @@ def _check_kept(kept: list[dict], args: argparse.Namespace, path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from codeckv.measure.peers import run_for
-    from codeckv.measure.reasoning import as_dicts, check_reasoning, reasoning_grid, row_key
+    from codeckv.grid import run_grid
+    from codeckv.measure.reasoning import check_reasoning
+    from codeckv.measure.reasoning_job import ReasoningJob
     from codeckv.measure.reasoning_summary import kld_curve, summarize
     from codeckv.measure.table import format_table, write_csv
 
-    tiers = [run_for(name) for name in args.tiers]
     model, context = model_context(args)
     check_reasoning(args.samples, tuple(args.steps), args.budget, context)
     out = Path(args.out or f"out/reasoning-{file_stem(model)}.csv")
     problems_path = sibling(out, "problems")
-    kept = _read(problems_path) if args.update and problems_path.exists() else []
-    _check_kept(kept, args, problems_path)
-    set_threads(args.threads)
-    loaded = load(args)
-    rows = list(kept)
-
-    def written(made: list) -> None:
-        rows.extend(as_dicts(made))
-        write_csv(rows, problems_path)
-
-    bar, progress = forward_bar("reasoning", unit="problem")
+    _check_kept(_read(problems_path) if args.update and problems_path.exists() else [], args, problems_path)
+    job = ReasoningJob(model, args.tiers, args.samples, args.seed, tuple(args.steps), args.budget)
     start = time.perf_counter()
-    try:
-        reasoning_grid(loaded, tiers, args.samples, args.seed, tuple(args.steps), args.budget, progress,
-                       {row_key(r) for r in kept}, written)
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"interrupted: {problems_path} holds the {len(rows)} rows done; --update resumes", file=sys.stderr)
-        raise
-    bar.close()
+    rows = run_grid(job, problems_path, grid_backend(args), args.update)
     if not rows:
         print("nothing measured")
         return

@@ -222,6 +222,53 @@ def _llamacpp_reply(engine, prompt_ids: list[int], budget: int) -> tuple[list[in
     return ids, cut_at_stop(engine.detokenize(ids)), time.perf_counter() - start
 
 
+def reasoning_tiers(loaded: LoadedModel, tiers: list[Tier | Peer | LlamaCppPeer]) -> tuple[list, list]:
+    """(torch tiers with native last, llama.cpp types with its f16 first or none), checked and calibrated (a PCA
+    basis or FP8 scales: once per model, before any problem)."""
+    llama = [t for t in tiers if isinstance(t, LlamaCppPeer)]
+    if llama:
+        llama = [LLAMACPP_REFERENCE] + [t for t in llama if t.name != LLAMACPP_REFERENCE.name]
+    torch_tiers = [t for t in tiers if not isinstance(t, LlamaCppPeer) and not t.is_native] + [TIERS["native"]]
+    for tier in [*torch_tiers, *llama]:
+        if isinstance(tier, Peer | LlamaCppPeer) and (reason := absent_reason(tier, loaded.info)):
+            raise ValueError(reason)
+    for tier in torch_tiers:
+        if isinstance(tier, Tier):
+            calibration_for(loaded, tier)
+    return torch_tiers, llama
+
+
+def open_reasoning_engines(stack: ExitStack, loaded: LoadedModel, llama: list, budget: int) -> dict:
+    """llama.cpp's engine per type, on torch's threads, closed with `stack`."""
+    return {t.name: stack.enter_context(open_engine(t, loaded.info.name, n_ctx=4096 + budget,
+                                                    n_threads=torch.get_num_threads())) for t in llama}
+
+
+def reasoning_problem(loaded: LoadedModel, torch_tiers: list, llama: list, engines: dict, index: int, seed: int = 0,
+                      steps: tuple[int, ...] = (2, 3, 4), budget: int = 256, todo: set[str] | None = None,
+                      say: Callable[[str], None] = lambda message: None) -> list[ProblemRow]:
+    """Problem `index` answered by every tier of reasoning_tiers (llama.cpp's in `engines`): a row per tier in
+    `todo` (every tier when None). The torch tiers follow native together, so they run whenever one is due."""
+    problem = word_problem(seed, index, steps_of(index, steps))
+    prompt = reasoning_prompt(loaded.tokenizer, problem)
+    if prompt.tokens + budget > loaded.info.max_context:
+        raise ValueError(f"a prompt of {prompt.tokens} tokens and a budget of {budget} pass the model's "
+                         f"context of {loaded.info.max_context} tokens")
+    due = (lambda name: True) if todo is None else todo.__contains__
+    where = f"problem {index + 1} ({problem.steps} steps)"
+    replies: list[_Reply] = []
+    if any(due(t.name) for t in torch_tiers):
+        say(f"{where}: prefilling {prompt.context_ids.shape[1]} tokens")
+        stop_ids = stop_token_ids(loaded.tokenizer, loaded.model)
+        replies += _torch_replies(loaded, torch_tiers, prompt, budget, stop_ids, lambda tokens, going: say(
+            f"{where}: {going} tiers decoding, token {tokens}/{budget}"))
+    if any(due(t.name) for t in llama):
+        say(f"{where}: llama.cpp")
+        geometry = KVGeometry(len(loaded.info.layer_types), loaded.info.num_kv_heads, loaded.info.head_dim)
+        replies += _llamacpp_replies(engines, llama, prompt, budget, geometry)
+    return [_row(problem, index, prompt, seed, budget, reply) for reply in replies if due(reply.tier)]
+
+
 def reasoning_grid(
     loaded: LoadedModel,
     tiers: list[Tier | Peer | LlamaCppPeer],
@@ -230,64 +277,27 @@ def reasoning_grid(
     steps: tuple[int, ...] = (2, 3, 4),
     budget: int = 256,
     progress: Progress | None = None,
-    skip: set[RowKey] = frozenset(),
-    on_problem: Callable[[list[ProblemRow]], None] | None = None,
 ) -> list[ProblemRow]:
     """Every tier (native always, llama.cpp's f16 whenever a llama.cpp type is asked) on problems 0..samples-1 of
-    `seed` (module docstring): one ProblemRow per (problem, tier), except those in `skip`. `on_problem` receives
-    each problem's rows as they are done, so an interrupted run keeps them."""
+    `seed` (module docstring), in this process: one ProblemRow per (problem, tier). The CLI runs the same problems
+    as grid cells (reasoning_job.py)."""
     steps = tuple(steps)
     check_reasoning(samples, steps, budget, loaded.info.max_context)
-    llama = [t for t in tiers if isinstance(t, LlamaCppPeer)]
-    if llama:
-        llama = [LLAMACPP_REFERENCE] + [t for t in llama if t.name != LLAMACPP_REFERENCE.name]
-    torch_tiers = [t for t in tiers if not isinstance(t, LlamaCppPeer) and not t.is_native] + [TIERS["native"]]
-    for tier in [*torch_tiers, *llama]:
-        if isinstance(tier, Peer | LlamaCppPeer) and (reason := absent_reason(tier, loaded.info)):
-            raise ValueError(reason)
-    for tier in torch_tiers:  # a PCA basis or FP8 scales: once per model, before any problem
-        if isinstance(tier, Tier):
-            calibration_for(loaded, tier)
-    stop_ids = stop_token_ids(loaded.tokenizer, loaded.model)
-    every = [*torch_tiers, *llama]
-    todo_problems = [i for i in range(samples) if any((i, t.name) not in skip for t in every)]
-    geometry = KVGeometry(len(loaded.info.layer_types), loaded.info.num_kv_heads, loaded.info.head_dim)
+    torch_tiers, llama = reasoning_tiers(loaded, tiers)
     rows: list[ProblemRow] = []
+    done = 0
 
-    def say(done: int, message: str) -> None:
+    def say(message: str) -> None:
         if progress:
-            progress(done, len(todo_problems), message)
+            progress(done, samples, message)
 
-    with ExitStack() as engines:
-        opened = {t.name: engines.enter_context(open_engine(t, loaded.info.name, n_ctx=4096 + budget,
-                                                            n_threads=torch.get_num_threads())) for t in llama}
-        for done, index in enumerate(todo_problems):
-            problem = word_problem(seed, index, steps_of(index, steps))
-            prompt = reasoning_prompt(loaded.tokenizer, problem)
-            if prompt.tokens + budget > loaded.info.max_context:
-                raise ValueError(f"a prompt of {prompt.tokens} tokens and a budget of {budget} pass the model's "
-                                 f"context of {loaded.info.max_context} tokens")
-            where = f"problem {index + 1}/{samples} ({problem.steps} steps)"
-            replies: list[_Reply] = []
-            if any((index, t.name) not in skip for t in torch_tiers):
-                say(done, f"{where}: prefilling {prompt.context_ids.shape[1]} tokens")
-                replies += _torch_replies(loaded, torch_tiers, prompt, budget, stop_ids,
-                                          _decoding_note(say, done, f"{where}: ", budget))
-            if llama and any((index, t.name) not in skip for t in llama):
-                say(done, f"{where}: llama.cpp")
-                replies += _llamacpp_replies(opened, llama, prompt, budget, geometry)
-            made = [_row(problem, index, prompt, seed, budget, reply) for reply in replies
-                    if (index, reply.tier) not in skip]
-            rows += made
-            if on_problem:
-                on_problem(made)
-            say(done + 1, where)
+    with ExitStack() as stack:
+        engines = open_reasoning_engines(stack, loaded, llama, budget)
+        for index in range(samples):
+            rows += reasoning_problem(loaded, torch_tiers, llama, engines, index, seed, steps, budget, None, say)
+            done += 1
+            say(f"problem {index + 1}/{samples}")
     return rows
-
-
-def _decoding_note(say: Callable[[int, str], None], done: int, where: str, budget: int) -> Callable[[int, int], None]:
-    """_follow's on_step: the progress line of a decode step."""
-    return lambda tokens, going: say(done, f"{where}{going} tiers decoding, token {tokens}/{budget}")
 
 
 @dataclass

@@ -1,15 +1,27 @@
 """Long generations: word problems generated here, lm-eval's answer extraction, every tier followed along its own
 generation against native fed the same tokens, rows resumable, bad input refused before any model work."""
 
+import csv
 import math
 import re
+from dataclasses import asdict
 
 import pytest
 import torch
 
 from codeckv.measure.generate import next_logits, stop_token_ids
 from codeckv.measure.lockstep import kl_divergence
-from codeckv.measure.reasoning import NEVER, _follow, _Run, check_reasoning, reasoning_grid, row_key, steps_of
+from codeckv.measure.reasoning import (
+    NEVER,
+    _follow,
+    _Run,
+    check_reasoning,
+    reasoning_grid,
+    reasoning_problem,
+    reasoning_tiers,
+    steps_of,
+)
+from codeckv.measure.reasoning_job import ReasoningJob
 from codeckv.measure.reasoning_summary import kld_curve, summarize
 from codeckv.measure.reasoning_tasks.answers import INVALID, cut_at_stop, flexible_answer, is_correct, strict_answer
 from codeckv.measure.reasoning_tasks.prompts import reasoning_prompt
@@ -86,17 +98,15 @@ BUDGET = 24
 
 @pytest.fixture(scope="module")
 def grid(loaded):
-    done = []
     rows = reasoning_grid(loaded, [get_tier("png"), get_tier("turbo-3"), get_tier("snapkv-50")], samples=2,
-                          steps=(2,), budget=BUDGET, on_problem=done.append)
-    return rows, done
+                          steps=(2,), budget=BUDGET)
+    return rows, None
 
 
-def test_one_row_per_problem_and_tier_handed_over_as_each_problem_ends(grid):
-    rows, done = grid
+def test_one_row_per_problem_and_tier(grid):
+    rows, _ = grid
     assert [(r.index, r.tier) for r in rows] == [(i, t) for i in (0, 1) for t in ("png", "turbo-3", "snapkv-50",
                                                                                    "native")]
-    assert [row for made in done for row in made] == rows
     for row in rows:
         assert row.reference == "native" and row.budget == BUDGET and 1 <= row.answer_tokens <= BUDGET
         assert len(row.kld_curve.split(";")) == math.ceil((row.answer_tokens + (row.answer_tokens < BUDGET)) / 32)
@@ -147,8 +157,13 @@ def _near_tie(logprobs: torch.Tensor) -> bool:
 
 def test_rows_already_measured_are_skipped_and_the_rest_are_the_same(loaded, grid):
     rows, _ = grid
-    again = reasoning_grid(loaded, [get_tier("png"), get_tier("turbo-3"), get_tier("snapkv-50")], samples=2,
-                           steps=(2,), budget=BUDGET, skip={row_key(r) for r in rows if r.tier != "turbo-3"})
+    job = ReasoningJob("smollm2-135m", ["png", "turbo-3", "snapkv-50"], samples=2, steps=(2,), budget=BUDGET)
+    kept = [{k: str(v) for k, v in asdict(r).items()} for r in rows if r.tier != "turbo-3"]
+    cells = job.cells(kept)
+    assert cells == [{"index": 0, "tiers": ["turbo-3"]}, {"index": 1, "tiers": ["turbo-3"]}]
+    torch_tiers, llama = reasoning_tiers(loaded, [get_tier("png"), get_tier("turbo-3"), get_tier("snapkv-50")])
+    again = [row for cell in cells for row in reasoning_problem(loaded, torch_tiers, llama, {}, cell["index"],
+                                                                steps=(2,), budget=BUDGET, todo=set(cell["tiers"]))]
     assert [(r.index, r.tier) for r in again] == [(0, "turbo-3"), (1, "turbo-3")]
     for new, old in zip(again, [r for r in rows if r.tier == "turbo-3"]):
         assert (new.text, new.first_departure) == (old.text, old.first_departure)
@@ -169,3 +184,23 @@ def test_the_summary_counts_agreement_flips_and_departures_against_the_reference
         assert summary[tier]["kld"] == pytest.approx(sum(r["kld"] for r in mine) / 2)
     curve = kld_curve(rows)
     assert {c["tier"] for c in curve} == set(summary) and all(c["from"] == 0 for c in curve)
+
+
+def test_the_cli_writes_problem_rows_as_cells_and_update_grows_the_problems(tmp_path, capsys):
+    from codeckv.cli import main
+
+    out = tmp_path / "reasoning.csv"
+    small = ["reasoning", "--steps", "2", "--budget", "16", "--tiers", "turbo-3", "--out", str(out), "--charts",
+             str(tmp_path / "charts")]
+    assert main([*small, "--samples", "1"]) == 0
+    problems = out.with_name("reasoning-problems.csv")
+    first = [(r["index"], r["tier"], r["text"]) for r in csv.DictReader(problems.open())]
+    assert [row[:2] for row in first] == [("0", "turbo-3"), ("0", "native")]
+    assert main([*small, "--samples", "2", "--update"]) == 0
+    rows = list(csv.DictReader(problems.open()))
+    assert [(r["index"], r["tier"], r["text"]) for r in rows][:2] == first, "kept as they were"
+    assert [(r["index"], r["tier"]) for r in rows][2:] == [("1", "turbo-3"), ("1", "native")]
+    assert rows[0]["node"] and rows[0]["node_kind"]
+    assert {r["tier"] for r in csv.DictReader(out.open())} == {"turbo-3", "native"}
+    assert main([*small, "--samples", "2", "--update", "--seed", "3"]) == 1
+    assert "measured with --seed 0, not 3" in capsys.readouterr().err
