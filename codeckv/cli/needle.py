@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from codeckv.cli.common import file_stem, forward_bar, load, model_context, write_figures
+from codeckv.cli.common import add_grid_arguments, file_stem, grid_backend, model_context, write_figures
 from codeckv.cli.types import positive, run_name
 from codeckv.presses.base import PRESS_MODE_MEANING, PRESS_MODES
 
@@ -25,22 +25,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--press-mode", choices=PRESS_MODES, default="once",
                         help="a press's protocol (default once; the context is all before the question): "
                              + "; ".join(f"{mode} = {meaning}" for mode, meaning in PRESS_MODE_MEANING.items()))
-    parser.add_argument("--out", help="CSV path (default out/needle-<model>.csv)")
+    add_grid_arguments(parser)
+    parser.add_argument("--out", help="CSV path (default out/needle-<model>.csv), written as each cell finishes")
     parser.add_argument("--charts", help="folder for the heatmap (default out/needle-<model>)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the cells of the CSV at --out and measure only the (length, depth) cells it lacks")
 
 
 def run(args: argparse.Namespace) -> None:
-    from codeckv.measure.needle import as_dicts, check_lengths, needle_grid
-    from codeckv.measure.peers import run_for
-    from codeckv.measure.table import format_table, write_csv
+    from codeckv.grid import run_grid
+    from codeckv.measure.needle import check_lengths, needle_result, needle_row
+    from codeckv.measure.needle_job import NeedleJob
+    from codeckv.measure.peers import absent_reason, run_for
+    from codeckv.measure.table import format_table
+    from codeckv.tiers import Tier
 
     tiers = [run_for(name) for name in args.tiers]
-    check_lengths(*model_context(args), args.lengths)  # before the model loads
-    loaded = load(args)
-    bar, progress = forward_bar("needle", unit="cell")
+    absent = [reason for t in tiers if not isinstance(t, Tier) and (reason := absent_reason(t))]
+    model, context = model_context(args)
+    check_lengths(model, context, args.lengths)  # before the model loads
+    job = NeedleJob(model, [t.name for t in tiers if isinstance(t, Tier) or not absent_reason(t)], args.lengths,
+                    args.depths, args.press_mode)
+    out = Path(args.out or f"out/needle-{file_stem(model)}.csv")
     start = time.perf_counter()
-    grid = needle_grid(loaded, tiers, args.lengths, args.depths, progress, args.press_mode)
-    bar.close()
+    measured = [needle_row(row) for row in run_grid(job, out, grid_backend(args), args.update)]
+    if not measured:
+        print("nothing measured")
+        return
+    names = set(row.tier for row in measured)  # native, the tiers asked, then llama.cpp's f16 (its reference)
+    order = [n for n in dict.fromkeys(["native", *job.tiers]) if n in names]
+    grid = needle_result(measured, order + sorted(names - set(order)),
+                         sorted({row.length for row in measured}), sorted({row.depth for row in measured}), absent)
     failed = Counter((r.tier, r.length) for r in grid.rows if r.error)  # cells a peer itself failed on
     summary = [{"tier": tier, **{f"{n} tok": f"{int(grid.retrieved(tier)[:, j].sum())}/{len(grid.depths)}"
                                  + (f" ({failed[tier, n]} failed)" if failed[tier, n] else "")
@@ -52,8 +67,6 @@ def run(args: argparse.Namespace) -> None:
     protocol = f"; presses {args.press_mode}: {PRESS_MODE_MEANING[args.press_mode]}" if presses else ""
     print(f"retrieved / depths {', '.join(f'{d:g}' for d in grid.depths)}{protocol}; "
           f"took {time.perf_counter() - start:.1f} s")
-    stem = f"needle-{file_stem(loaded.info.name)}"
-    written = write_csv(as_dicts(grid.rows), args.out or f"out/{stem}.csv")  # before the charts, as in quality
     paths = write_figures(lambda figures: {"needle": figures.plots.needle_figure(grid)},
-                          Path(args.charts or f"out/{stem}"))
-    print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
+                          Path(args.charts or f"out/needle-{file_stem(model)}"))
+    print(f"wrote {out}, " + ", ".join(str(p) for p in paths))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -137,6 +138,79 @@ def check_lengths(model: str, max_context: int, lengths: list[int]) -> None:
                          f"{max_context} tokens")
 
 
+def needle_tiers(loaded: LoadedModel, tiers: list[Tier | Peer | LlamaCppPeer], press_mode: str
+                 ) -> tuple[list, list, list[str]]:
+    """(torch tiers with native first, llama.cpp types with its f16 first or none, a line per peer that cannot run
+    here, left out)."""
+    check_press_mode(press_mode)
+    tiers = [TIERS["native"]] + [t for t in tiers if not t.is_native]
+    reasons = {t.name: absent_reason(t, loaded.info) for t in tiers if isinstance(t, Peer | LlamaCppPeer)}
+    tiers = [t for t in tiers if not reasons.get(t.name)]
+    llama = [t for t in tiers if isinstance(t, LlamaCppPeer)]
+    llama = list(dict.fromkeys([LLAMACPP_REFERENCE, *llama])) if llama else []
+    return [t for t in tiers if not isinstance(t, LlamaCppPeer)], llama, [r for r in reasons.values() if r]
+
+
+def open_needle_engines(stack, loaded: LoadedModel, llama: list, longest: int) -> dict:
+    """llama.cpp's engine per type for prompts up to `longest` tokens, on torch's threads, closed with `stack`."""
+    return {t.name: stack.enter_context(open_engine(t, loaded.info.name, n_ctx=longest,
+                                                    n_threads=torch.get_num_threads())) for t in llama}
+
+
+def needle_cell(loaded: LoadedModel, tiers: list, llama: list, engines: dict, length: int, depth: float,
+                press_mode: str = "once") -> list[NeedleRow]:
+    """One (length, depth): the prompt prefilled natively once, every torch tier answering from it (a press under
+    `press_mode`), then llama.cpp's types in `engines` from the same ids; a row per tier."""
+    key = needle_key(length, depth)
+    ids = needle_prompt(loaded, length, depth, key)
+    stop_ids = stop_token_ids(loaded.tokenizer, loaded.model)
+    native = DynamicCache(config=loaded.model.config)
+    with torch.inference_mode():
+        for lo in range(0, ids.shape[1], PREFILL_CHUNK):
+            first = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], native)[0]
+    context = None  # the context prefilled once for every press (press_mode "once"), when one needs it
+    rows = []
+    for tier in tiers[::-1]:  # native last: answering extends the cache the others are filled from
+        if isinstance(tier, Peer):
+            try:
+                cache = filled_peer_cache(native, loaded, tier)
+                ratio = peer_footprint(cache).ratio
+                answer = _answer(loaded, cache, first, stop_ids)
+            except RuntimeError as err:  # the peer's own failure on this prompt, kept as its row
+                rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, False, "", math.nan,
+                                      str(err).splitlines()[0]))
+                continue
+        elif tier.evicts and press_mode == "once" and not isinstance(tier.press, Budget):
+            context = context or shared_prefill(loaded, ids[:, : question_start(loaded, ids)])
+            cache = context.cache_for(tier)
+            with torch.inference_mode():  # the question, not pressed
+                own = next_logits(loaded.model, ids[:, context.ids.shape[1] :], cache)[0]
+            ratio = footprint(cache).ratio
+            answer = _answer(loaded, cache, own, stop_ids)
+        elif tier.evicts:  # chunked (or a token budget): the cache prefills itself, pressing as it goes
+            cache, own = make_cache(loaded, tier, press_mode="chunked"), None
+            with torch.inference_mode():
+                for lo in range(0, ids.shape[1], PREFILL_CHUNK):
+                    own = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], cache)[0]
+            ratio = footprint(cache).ratio
+            answer = _answer(loaded, cache, own, stop_ids)
+        else:
+            cache = native if tier.is_native else filled_from(native, Run(loaded, tier.name, tier))
+            ratio = footprint(cache).ratio
+            answer = _answer(loaded, cache, first, stop_ids)
+        evicts = getattr(tier, "evicts", False)  # a peer has no press
+        mode = (press_mode if not isinstance(tier.press, Budget) else "budget") if evicts else ""
+        rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, key in answer, answer, ratio,
+                              press_mode=mode))
+    if llama:
+        geometry = KVGeometry(len(loaded.info.layer_types), loaded.info.num_kv_heads, loaded.info.head_dim)
+        for peer in llama:
+            ratio = rule_bytes_per_token(peer, geometry) / rule_bytes_per_token(LLAMACPP_REFERENCE, geometry)
+            answer = engines[peer.name].greedy(ids[0].tolist(), ANSWER_TOKENS).text
+            rows.append(NeedleRow(peer.name, length, ids.shape[1], depth, key, key in answer, answer, ratio))
+    return rows
+
+
 def needle_grid(
     loaded: LoadedModel,
     tiers: list[Tier | Peer | LlamaCppPeer],
@@ -145,89 +219,34 @@ def needle_grid(
     progress: Progress | None = None,
     press_mode: str = "once",
 ) -> NeedleGrid:
-    """Native and every tier or peer on every (length, depth): retrieved or not; presses under `press_mode`."""
-    check_press_mode(press_mode)
-    tiers = [TIERS["native"]] + [t for t in tiers if not t.is_native]
-    reasons = {t.name: absent_reason(t, loaded.info) for t in tiers if isinstance(t, Peer | LlamaCppPeer)}
-    tiers = [t for t in tiers if not reasons.get(t.name)]
-    llama = [t for t in tiers if isinstance(t, LlamaCppPeer)]
-    llama = list(dict.fromkeys([LLAMACPP_REFERENCE, *llama])) if llama else []
-    tiers = [t for t in tiers if not isinstance(t, LlamaCppPeer)]
+    """Native and every tier or peer on every (length, depth), in this process: retrieved or not; presses under
+    `press_mode`. The CLI runs the same cells on the grid runner (needle_job.py)."""
+    torch_tiers, llama, absent = needle_tiers(loaded, tiers, press_mode)
     check_lengths(loaded.info.name, loaded.info.max_context, lengths)
-    longest = max(lengths) + ANSWER_TOKENS
-    stop_ids = stop_token_ids(loaded.tokenizer, loaded.model)
-    rows, cells, done = [], len(lengths) * len(depths), 0
-    total = cells * (1 + len(llama))
-    for length in lengths:
-        for depth in depths:
-            key = needle_key(length, depth)
-            ids = needle_prompt(loaded, length, depth, key)
-            native = DynamicCache(config=loaded.model.config)
-            with torch.inference_mode():
-                for lo in range(0, ids.shape[1], PREFILL_CHUNK):
-                    first = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], native)[0]
-            context = None  # the context prefilled once for every press (press_mode "once"), when one needs it
-            for tier in tiers[::-1]:  # native last: answering extends the cache the others are filled from
-                if isinstance(tier, Peer):
-                    try:
-                        cache = filled_peer_cache(native, loaded, tier)
-                        ratio = peer_footprint(cache).ratio
-                        answer = _answer(loaded, cache, first, stop_ids)
-                    except RuntimeError as err:  # the peer's own failure on this prompt, kept as its row
-                        rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, False, "", math.nan,
-                                              str(err).splitlines()[0]))
-                        continue
-                elif tier.evicts and press_mode == "once" and not isinstance(tier.press, Budget):
-                    context = context or shared_prefill(loaded, ids[:, : question_start(loaded, ids)])
-                    cache = context.cache_for(tier)
-                    with torch.inference_mode():  # the question, not pressed
-                        own = next_logits(loaded.model, ids[:, context.ids.shape[1] :], cache)[0]
-                    ratio = footprint(cache).ratio
-                    answer = _answer(loaded, cache, own, stop_ids)
-                elif tier.evicts:  # chunked (or a token budget): the cache prefills itself, pressing as it goes
-                    cache, own = make_cache(loaded, tier, press_mode="chunked"), None
-                    with torch.inference_mode():
-                        for lo in range(0, ids.shape[1], PREFILL_CHUNK):
-                            own = next_logits(loaded.model, ids[:, lo : lo + PREFILL_CHUNK], cache)[0]
-                    ratio = footprint(cache).ratio
-                    answer = _answer(loaded, cache, own, stop_ids)
-                else:
-                    cache = native if tier.is_native else filled_from(native, Run(loaded, tier.name, tier))
-                    ratio = footprint(cache).ratio
-                    answer = _answer(loaded, cache, first, stop_ids)
-                evicts = getattr(tier, "evicts", False)  # a peer has no press
-                mode = (press_mode if not isinstance(tier.press, Budget) else "budget") if evicts else ""
-                rows.append(NeedleRow(tier.name, length, ids.shape[1], depth, key, key in answer, answer, ratio,
-                                      press_mode=mode))
-            done += 1
+    rows, cells = [], [(length, depth) for length in lengths for depth in depths]
+    with ExitStack() as stack:
+        engines = open_needle_engines(stack, loaded, llama, max(lengths) + ANSWER_TOKENS)
+        for done, (length, depth) in enumerate(cells, 1):
+            rows += needle_cell(loaded, torch_tiers, llama, engines, length, depth, press_mode)
             if progress:
-                progress(done, total, f"{length} tokens, depth {depth:g}")
-    for peer in llama:
-        rows += _llamacpp_rows(loaded, peer, lengths, depths, longest)
-        done += cells
-        if progress:
-            progress(done, total, f"llama.cpp {peer.name}")
-    tiers += llama
-    order = {t.name: i for i, t in enumerate(tiers)}
-    rows.sort(key=lambda r: (order[r.tier], r.length, r.depth))
-    return NeedleGrid(rows, [t.name for t in tiers], list(lengths), list(depths),
-                      [reason for reason in reasons.values() if reason])
+                progress(done, len(cells), f"{length} tokens, depth {depth:g}")
+    return needle_result(rows, [t.name for t in torch_tiers + llama], lengths, depths, absent)
 
 
-def _llamacpp_rows(loaded: LoadedModel, peer: LlamaCppPeer, lengths: list[int], depths: list[float],
-                   longest: int) -> list[NeedleRow]:
-    """Every cell answered greedily by llama.cpp with `peer`'s KV types, from the same prompt ids."""
-    rows = []
-    geometry = KVGeometry(len(loaded.info.layer_types), loaded.info.num_kv_heads, loaded.info.head_dim)
-    ratio = rule_bytes_per_token(peer, geometry) / rule_bytes_per_token(LLAMACPP_REFERENCE, geometry)
-    with open_engine(peer, loaded.info.name, n_ctx=longest, n_threads=torch.get_num_threads()) as engine:
-        for length in lengths:
-            for depth in depths:
-                key = needle_key(length, depth)
-                ids = needle_prompt(loaded, length, depth, key)
-                answer = engine.greedy(ids[0].tolist(), ANSWER_TOKENS).text
-                rows.append(NeedleRow(peer.name, length, ids.shape[1], depth, key, key in answer, answer, ratio))
-    return rows
+def needle_result(rows: list[NeedleRow], tiers: list[str], lengths: list[int], depths: list[float],
+                  absent: list[str] = ()) -> NeedleGrid:
+    """The grid of `rows`, sorted tier by tier (native first), then by length and depth."""
+    order = {name: i for i, name in enumerate(tiers)}
+    rows = sorted(rows, key=lambda r: (order[r.tier], r.length, r.depth))
+    return NeedleGrid(rows, list(tiers), list(lengths), list(depths), list(absent))
+
+
+def needle_row(row: dict) -> NeedleRow:
+    """A NeedleRow from its columns, fresh or read back from a CSV as text (a grid's rows are either)."""
+    text = {column: str(row[column]) for column in NeedleRow.__dataclass_fields__}
+    return NeedleRow(text["tier"], int(text["length"]), int(text["tokens"]), float(text["depth"]), text["key"],
+                     text["retrieved"] == "True", text["answer"], float(text["ratio_vs_bf16"]), text["error"],
+                     text["press_mode"])
 
 
 def as_dicts(rows: list[NeedleRow]) -> list[dict]:

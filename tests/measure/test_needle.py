@@ -47,3 +47,22 @@ def test_a_press_answers_under_the_protocol_it_was_asked_for(loaded):
         assert rows["snapkv-50"].ratio_vs_bf16 < rows["native"].ratio_vs_bf16, "half the context evicted"
     with pytest.raises(ValueError, match="allowed: once, chunked"):
         needle_grid(loaded, [TIERS["snapkv-50"]], [300], [0.5], press_mode="never")
+
+
+def test_the_cli_writes_each_cell_as_it_finishes_and_update_adds_only_new_cells(tmp_path, capsys):
+    import csv
+
+    from codeckv.cli import main
+
+    out = tmp_path / "needle.csv"
+    small = ["needle", "--depths", "0", "1", "--tiers", "png", "--out", str(out), "--charts", str(tmp_path / "c")]
+    assert main([*small, "--lengths", "300"]) == 0
+    first = list(csv.DictReader(out.open()))
+    assert [(r["length"], r["depth"], r["tier"]) for r in first] == [("300", d, t) for d in ("0.0", "1.0")
+                                                                     for t in ("png", "native")]
+    assert main([*small, "--lengths", "300", "400", "--update"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert rows[:4] == first, "the kept cells as they were, not measured again"
+    assert [(r["length"], r["retrieved"]) for r in rows[4:]] == [("400", "True")] * 4
+    table = capsys.readouterr().out
+    assert "native      2/2      2/2" in table and "png      2/2      2/2" in table
