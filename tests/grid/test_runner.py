@@ -25,8 +25,10 @@ class Squares:
         return [(str(x),) for x in range(self.n)]
 
     def cells(self, kept):
-        have = {row["x"] for row in kept}
-        return [{"x": x} for x in range(self.n) if str(x) not in have]
+        """Each cell with the rows it lacks (as a RULER sample with the tiers it lacks)."""
+        have = {(row["x"], row["what"]) for row in kept}
+        missing = {x: [w for w in ("x", "square") if (str(x), w) not in have] for x in range(self.n)}
+        return [{"x": x, "what": what} for x, what in missing.items() if what]
 
     def open(self):
         self.opened.append(True)
@@ -34,8 +36,8 @@ class Squares:
         def rows(cell):
             if cell["x"] == self.stop_at:
                 raise KeyboardInterrupt
-            return [{"x": cell["x"], "what": "x", "value": cell["x"], "seed": self.seed},
-                    {"x": cell["x"], "what": "square", "value": cell["x"] ** 2, "seed": self.seed}]
+            values = {"x": cell["x"], "square": cell["x"] ** 2}
+            return [{"x": cell["x"], "what": what, "value": values[what], "seed": self.seed} for what in cell["what"]]
 
         return rows
 
@@ -90,9 +92,9 @@ def test_an_interrupt_keeps_every_finished_cell_and_update_resumes(tmp_path, cap
     assert _values(out) == _values(_full(tmp_path))
 
 
-def _full(tmp_path):
-    path = tmp_path / "full.csv"
-    run_grid(Squares(4), path, Local())
+def _full(tmp_path, n=4):
+    path = tmp_path / f"full-{n}.csv"
+    run_grid(Squares(n), path, Local())
     return path
 
 
@@ -106,3 +108,12 @@ def test_without_ray_the_cluster_flag_says_how_to_install_it_in_one_line(tmp_pat
     assert code == 1 and err[-1] == ("error: --ray needs Ray, which is not installed: pip install 'codeckv[cluster]' "
                                      "(or pip install ray==2.60.0)")
     assert not (tmp_path / "ruler-samples.csv").exists()
+
+
+def test_a_row_cut_off_by_a_killed_run_is_measured_again(tmp_path):
+    out = tmp_path / "grid.csv"
+    run_grid(Squares(3), out, Local())
+    whole = out.read_bytes()
+    out.write_bytes(whole[: whole.rindex(b"\n", 0, len(whole) - 1) + 5])  # the last row half written
+    run_grid(Squares(3), out, Local(), update=True)
+    assert _values(out) == _values(_full(tmp_path, 3)), "the half row dropped, its cell's missing row measured again"
