@@ -7,6 +7,13 @@ tasks measured at each length (with the tasks counted) beside what the tier stor
 length; --costs what each tier's own work (its cache built from the shared prefill, the question and the answer)
 cost against the sample's native prefill, over the tasks: the median, the largest, and the median beyond native's
 own question and answer.
+
+    .venv/bin/python scripts/ruler_table.py assets/ruler-smollm2-135m-samples.csv --versus native --length 2048
+
+--versus (a samples CSV, one row per sample and tier) compares each tier with a reference on the same samples: the
+RULER average ± its standard error (the tasks' means over their samples, averaged; the tasks' errors combined), and
+the difference from the reference ± its standard error, paired sample by sample; a difference within twice that
+error is "cannot be told apart".
 """
 
 from __future__ import annotations
@@ -97,14 +104,48 @@ def costs(rows: list[dict]) -> str:
     return "\n\n".join(out)
 
 
+def versus(rows: list[dict], reference: str, length: int) -> str:
+    at = [r for r in rows if int(r["length"]) == length]
+    score = {(r["task"], r["sample"], r["tier"]): float(r["score"]) for r in at}
+    tasks = [t for t in TASK_NAMES if any(r["task"] == t for r in at)]
+    lines = [f"| cache | samples a task | RULER avg ± se | vs `{reference}` ± se (paired) | told apart (> 2 se) |",
+             "|---|---:|---:|---:|---|"]
+    for tier in _tiers(at):
+        means, errors, diffs, diff_errors, counts = [], [], [], [], []
+        for task in tasks:
+            samples = sorted({r["sample"] for r in at if r["task"] == task and r["tier"] == tier})
+            if not samples:
+                continue
+            mine = [score[task, s, tier] for s in samples]
+            delta = [score[task, s, tier] - score[task, s, reference] for s in samples if (task, s, reference) in score]
+            counts.append(len(mine))
+            means.append(statistics.fmean(mine))
+            errors.append(statistics.stdev(mine) / math.sqrt(len(mine)) if len(mine) > 1 else math.nan)
+            diffs.append(statistics.fmean(delta))
+            diff_errors.append(statistics.stdev(delta) / math.sqrt(len(delta)) if len(delta) > 1 else math.nan)
+        k = len(means)
+        se = math.sqrt(sum(e * e for e in errors)) / k
+        diff, diff_se = statistics.fmean(diffs), math.sqrt(sum(e * e for e in diff_errors)) / k
+        apart = "–" if tier == reference else ("yes" if abs(diff) > 2 * diff_se else "no")
+        counted = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+        lines.append(f"| `{tier}` | {counted} ({k} tasks) | {statistics.fmean(means):.1f} ± {se:.1f} | "
+                     f"{diff:+.1f} ± {diff_se:.1f} | {apart} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", type=Path)
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--tasks-table", action="store_true", help="one column per task instead")
     shown.add_argument("--costs", action="store_true", help="each tier's own seconds against the native prefill")
+    shown.add_argument("--versus", metavar="TIER", help="a samples CSV: each tier against TIER, paired by sample")
+    parser.add_argument("--length", type=int, default=4096, help="--versus: the length compared (default 4096)")
     args = parser.parse_args()
     rows = _rows(args.csv)
+    if args.versus:
+        print(versus(rows, args.versus, args.length))
+        return
     print(per_task(rows) if args.tasks_table else costs(rows) if args.costs else averages(rows))
 
 
