@@ -72,12 +72,16 @@ def _ruler(tiny_model: str, out: Path, address: str, *extra: str) -> subprocess.
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _processes(title: str) -> list[int]:
-    """Pids whose command line starts with `title` (Ray names a worker's process after what it runs)."""
+def _busy_workers(cluster) -> list[int]:
+    """Pids of this cluster's grid workers in the middle of a cell: Ray names a worker's process after what it runs,
+    and a worker is a child of its node's raylet (so another cluster on the machine is never touched)."""
+    raylets = {info.process.pid for node in [cluster.head_node, *cluster.worker_nodes]
+               for info in node.all_processes.get("raylet", [])}
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(title.encode()):
+            if (entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::GridWorker.run")
+                    and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) in raylets):
                 found.append(int(entry.name))
         except OSError:
             continue
@@ -127,7 +131,7 @@ def test_ruler_on_two_nodes_gives_the_serial_rows_though_a_worker_is_killed(clus
     driver = _ruler(tiny_model, out, cluster.address)
     killed, deadline = None, time.monotonic() + 120
     while killed is None and driver.poll() is None and time.monotonic() < deadline:
-        busy = _processes("ray::GridWorker.run")  # a worker in the middle of a cell
+        busy = _busy_workers(cluster)
         if busy:
             os.kill(busy[0], signal.SIGKILL)
             killed = busy[0]
