@@ -90,7 +90,7 @@ def fresh_env(tmp_path_factory):
 # in this order, so neither is left running a long one alone at the end. Within a file the order stays as written.
 LONGEST_FIRST = ("tests/app/test_first_use.py", "tests/measure/test_chat.py", "tests/app/test_browser.py",
                  "tests/presses/test_kvpress_reference.py", "tests/cache/test_calibration.py",
-                 "tests/app/test_hostile.py")
+                 "tests/app/test_hostile.py", "tests/grid/test_cluster.py")
 ROOT = Path(__file__).resolve().parents[1]
 
 

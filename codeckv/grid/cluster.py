@@ -6,8 +6,10 @@
 One worker (a Ray actor) per `threads` CPUs of the cluster, or one per GPU where the cluster has GPUs (the model then
 loads on that GPU and the kernels take the Triton path). Each worker holds one cell at a time, so a fast node takes
 more cells than a slow one. A worker whose process dies is restarted by Ray (the model loaded again) and the cell it
-held is run again there: no cell is lost, and each cell's rows reach the driver once. An exception inside a cell stops
-the grid with that exception; what arrived before it is kept (runner.py).
+held is run again there: no cell is lost, and each cell's rows reach the driver once. A worker only unreachable for
+a while (its node stalled) is sent its cell again, up to RESTARTS times. An exception inside a cell stops the grid
+with that exception; what arrived before it is kept (runner.py). Ctrl-C stops the driver within WAIT_SECONDS and
+kills the workers.
 
 Ray is an optional extra (`pip install 'codeckv[cluster]'`); it is imported only here, when a grid runs on it.
 """
@@ -25,6 +27,7 @@ from codeckv.grid.node import node_columns
 
 RAY_PIN = "ray==2.60.0"  # pyproject's cluster extra and requirements-cluster.txt
 RESTARTS = 3  # times a worker's process may die (each time the cell it held is run again) before the grid stops
+WAIT_SECONDS = 1.0  # the driver waits for a cell this long at a time, so Ctrl-C stops it within a second
 OBJECT_STORE_BYTES = 256 * 2**20  # a local cluster's shared store: cells and rows are small (the default is 30% of RAM)
 
 
@@ -89,19 +92,27 @@ class Ray:
             remote = ray.remote(num_cpus=self.threads, num_gpus=1 if gpus else 0, max_restarts=RESTARTS,
                                 max_task_retries=RESTARTS)(GridWorker)
             actors = [remote.remote(job, self.threads) for _ in range(count)]
-            todo, pending = iter(cells), {}
+            todo, pending = iter(cells), {}  # ObjectRef -> (actor, cell, tries)
 
-            def give(actor) -> None:  # the next cell to a worker that has none
-                cell = next(todo, None)
+            def give(actor, cell=None, tries: int = 0) -> None:  # a cell (the next one) to a worker that has none
+                cell = cell if cell is not None else next(todo, None)
                 if cell is not None:
-                    pending[actor.run.remote(cell)] = actor
+                    pending[actor.run.remote(cell)] = (actor, cell, tries)
 
             for actor in actors:
                 give(actor)
             while pending:
-                [ready], _ = ray.wait(list(pending), num_returns=1)
-                actor = pending.pop(ready)
-                result = _result(ray, ready)
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_SECONDS)  # Ctrl-C between waits
+                if not ready:
+                    continue
+                actor, cell, tries = pending.pop(ready[0])
+                try:
+                    result = _result(ray, ready[0])
+                except ray.exceptions.ActorUnavailableError:  # unreachable for a while (a stalled node): again
+                    if tries >= RESTARTS:
+                        raise
+                    give(actor, cell, tries + 1)
+                    continue
                 give(actor)  # before the driver writes the rows: the worker is never idle for it
                 yield result
         finally:
@@ -117,6 +128,8 @@ def _result(ray, ref) -> tuple[Cell, list[Row]]:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as err:
         raise err.as_instanceof_cause() from None
+    except ray.exceptions.ActorUnavailableError:
+        raise
     except ray.exceptions.RayError as err:  # restarts used up, or the job failed to open (its cause in the text)
         lines = [line for line in str(err).splitlines() if line.strip()]
         cause = next((line for line in reversed(lines) if "Error" in line), lines[0] if lines else type(err).__name__)

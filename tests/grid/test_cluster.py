@@ -145,20 +145,28 @@ def test_ruler_on_two_nodes_gives_the_serial_rows_though_a_worker_is_killed(clus
     assert [row["tier"] for row in read_rows(out)][:3] == ["int8", "snapkv-50", "native"]
 
 
-def test_update_resumes_after_the_driver_is_killed(cluster, tiny_model, serial, tmp_path):
+def test_ctrl_c_and_a_killed_driver_keep_every_row_and_update_resumes(cluster, tiny_model, serial, tmp_path):
     out = tmp_path / "ruler.csv"
     samples = out.with_name("ruler-samples.csv")
-    driver = _ruler(tiny_model, out, cluster.address)
-    deadline = time.monotonic() + 120
-    while driver.poll() is None and time.monotonic() < deadline:
-        if samples.exists() and len(read_rows(samples)) >= 3:
-            driver.kill()
-            break
-        time.sleep(0.05)
-    driver.wait(timeout=60)
-    kept = len(read_rows(samples))
-    assert 3 <= kept < len(serial), "killed after its first sample and before its last"
-    assert len({tuple(row.values()) for row in _measured(samples)}) == kept, "no row written twice"
+
+    def stopped_after(rows: int, stop) -> subprocess.Popen:
+        driver = _ruler(tiny_model, out, cluster.address, "--update")
+        deadline = time.monotonic() + 120
+        while driver.poll() is None and time.monotonic() < deadline:
+            if samples.exists() and len(read_rows(samples)) >= rows:
+                stop(driver)
+                break
+            time.sleep(0.05)
+        return driver
+
+    interrupted = stopped_after(3, lambda driver: driver.send_signal(signal.SIGINT))  # Ctrl-C
+    output = interrupted.communicate(timeout=30)[0]
+    assert interrupted.returncode == 130 and "--update resumes" in output, output
+    killed = stopped_after(len(read_rows(samples)) + 3, lambda driver: driver.kill())  # the driver itself killed
+    killed.wait(timeout=60)
+    kept = _measured(samples)
+    assert 3 <= len(kept) < len(serial), "stopped after its first sample and before its last"
+    assert len({tuple(row.values()) for row in kept}) == len(kept), "no row written twice"
     again = _ruler(tiny_model, out, cluster.address, "--update")
     output = again.communicate(timeout=300)[0]
     assert again.returncode == 0, output
