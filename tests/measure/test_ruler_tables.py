@@ -1,0 +1,27 @@
+"""The README's long-context verdicts (scripts/ruler_table.py --versus): a tier told apart from native only where
+the paired difference is beyond twice its standard error."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("ruler_table", ROOT / "scripts" / "ruler_table.py")
+ruler_table = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ruler_table)
+
+
+def _rows(tier: str, scores: dict[str, list[float]]) -> list[dict]:
+    return [{"task": task, "length": "2048", "sample": str(i), "tier": tier, "score": str(score)}
+            for task, values in scores.items() for i, score in enumerate(values)]
+
+
+def test_a_tier_is_told_apart_only_beyond_twice_the_paired_standard_error():
+    rows = (_rows("native", {"niah_single_1": [100] * 4, "vt": [100] * 4})
+            + _rows("turbo-3", {"niah_single_1": [100, 100, 0, 100], "vt": [100] * 4})
+            + _rows("snapkv-50", {"niah_single_1": [0] * 4, "vt": [0] * 4}))
+    table = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+             for line in ruler_table.versus(rows, "native", 2048).splitlines()[2:]}
+    # turbo-3: niah_single_1 differs by -25 +- 25 (paired over 4 samples), vt by 0: the average by -12.5 +- 12.5
+    assert table["`turbo-3`"] == ["4 (2 tasks)", "87.5 ± 12.5", "-12.5 ± 12.5", "no"]
+    assert table["`snapkv-50`"] == ["4 (2 tasks)", "0.0 ± 0.0", "-100.0 ± 0.0", "yes"]
+    assert table["`native`"][3] == "–"
