@@ -86,10 +86,8 @@ class Ray:
             ray.init(**options, log_to_driver=False, logging_level=logging.WARNING)
         actors = []
         try:
-            resources = ray.cluster_resources()
-            gpus = int(resources.get("GPU", 0))
-            count = min(gpus or max(1, int(resources.get("CPU", 1)) // self.threads), len(cells))
-            remote = ray.remote(num_cpus=self.threads, num_gpus=1 if gpus else 0, max_restarts=RESTARTS,
+            count, gpus = workers(ray.cluster_resources(), self.threads, len(cells))
+            remote = ray.remote(num_cpus=self.threads, num_gpus=gpus, max_restarts=RESTARTS,
                                 max_task_retries=RESTARTS)(GridWorker)
             actors = [remote.remote(job, self.threads) for _ in range(count)]
             todo, pending = iter(cells), {}  # ObjectRef -> (actor, cell, tries)
@@ -120,6 +118,14 @@ class Ray:
                 ray.kill(actor)
             if started:
                 ray.shutdown()
+
+
+def workers(resources: dict[str, float], threads: int, cells: int) -> tuple[int, int]:
+    """(workers, GPUs each) for a cluster's resources: one worker per GPU where it has GPUs, else one per `threads`
+    CPUs; never more workers than cells."""
+    gpus = int(resources.get("GPU", 0))
+    count = gpus or max(1, int(resources.get("CPU", 1)) // threads)
+    return min(count, cells), 1 if gpus else 0
 
 
 def _result(ray, ref) -> tuple[Cell, list[Row]]:

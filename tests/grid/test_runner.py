@@ -117,3 +117,12 @@ def test_a_row_cut_off_by_a_killed_run_is_measured_again(tmp_path):
     out.write_bytes(whole[: whole.rindex(b"\n", 0, len(whole) - 1) + 5])  # the last row half written
     run_grid(Squares(3), out, Local(), update=True)
     assert _values(out) == _values(_full(tmp_path, 3)), "the half row dropped, its cell's missing row measured again"
+
+
+def test_a_cluster_gets_a_worker_per_gpu_or_per_threads_cpus_never_more_than_cells():
+    from codeckv.grid.cluster import workers
+
+    assert workers({"CPU": 16.0, "GPU": 4.0}, threads=2, cells=100) == (4, 1)  # one GPU each: the Triton path
+    assert workers({"CPU": 16.0}, threads=2, cells=100) == (8, 0)
+    assert workers({"CPU": 2.0}, threads=4, cells=100) == (1, 0)  # fewer CPUs than threads: still one worker
+    assert workers({"CPU": 16.0, "GPU": 8.0}, threads=1, cells=3) == (3, 1)
