@@ -40,6 +40,9 @@ def import_ray(local: bool):
         # Ray's switch for a single-machine cluster: every node address is 127.0.0.1, so its servers listen there
         # only (read once, when ray is imported; the workers inherit it)
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        # and its workers at the priority of a serial run (Ray's default nices them: beside other work on the
+        # machine, their seconds would then not compare with a serial run's)
+        os.environ.setdefault("RAY_worker_niceness", "0")
     try:
         import ray
     except ImportError:
