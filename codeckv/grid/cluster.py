@@ -36,6 +36,9 @@ def import_ray(local: bool):
     loopback address; a RuntimeError saying how to install it when absent."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if local and "ray" in sys.modules and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":
+        print("warning: ray was imported before codeckv could bind a local cluster to 127.0.0.1; one started now "
+              "listens on this machine's network address too", file=sys.stderr)
     if local and "ray" not in sys.modules:
         # Ray's switch for a single-machine cluster: every node address is 127.0.0.1, so its servers listen there
         # only (read once, when ray is imported; the workers inherit it)
