@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from codeckv.grid.node import node_columns
 
 RAY_PIN = "ray==2.60.0"  # pyproject's cluster extra and requirements-cluster.txt
 RESTARTS = 3  # times a worker's process may die (each time the cell it held is run again) before the grid stops
+CONNECT_SECONDS = 5.0  # how long --ray host:port may take to answer before the grid is refused
 WAIT_SECONDS = 1.0  # the driver waits for a cell this long at a time, so Ctrl-C stops it within a second
 OBJECT_STORE_BYTES = 256 * 2**20  # a local cluster's shared store: cells and rows are small (the default is 30% of RAM)
 
@@ -36,10 +38,11 @@ def import_ray(local: bool):
     loopback address; a RuntimeError saying how to install it when absent."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if local and "ray" in sys.modules and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":
+    imported = sys.modules.get("ray") is not None
+    if local and imported and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":
         print("warning: ray was imported before codeckv could bind a local cluster to 127.0.0.1; one started now "
               "listens on this machine's network address too", file=sys.stderr)
-    if local and "ray" not in sys.modules:
+    if local and not imported:
         # Ray's switch for a single-machine cluster: every node address is 127.0.0.1, so its servers listen there
         # only (read once, when ray is imported; the workers inherit it)
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -86,6 +89,8 @@ class Ray:
         ray = import_ray(local=not address)
         started = not ray.is_initialized()
         if started:
+            if address:
+                _check_reachable(address)
             options = dict(address=address) if address else dict(
                 address="local", num_cpus=os.cpu_count(), include_dashboard=False,
                 object_store_memory=OBJECT_STORE_BYTES)
@@ -124,6 +129,19 @@ class Ray:
                 ray.kill(actor)
             if started:
                 ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """A host:port a cluster's head should listen on, tried for CONNECT_SECONDS: Ray itself waits minutes for an
+    address nobody answers on. ("auto" and ray:// addresses are left to Ray.)"""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as err:
+        raise ConnectionError(f"no Ray cluster answers at {address} ({err}): start one with `ray start --head`, "
+                              "or leave the address out to start one here") from None
 
 
 def workers(resources: dict[str, float], threads: int, cells: int) -> tuple[int, int]:

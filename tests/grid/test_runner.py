@@ -126,3 +126,11 @@ def test_a_cluster_gets_a_worker_per_gpu_or_per_threads_cpus_never_more_than_cel
     assert workers({"CPU": 16.0}, threads=2, cells=100) == (8, 0)
     assert workers({"CPU": 2.0}, threads=4, cells=100) == (1, 0)  # fewer CPUs than threads: still one worker
     assert workers({"CPU": 16.0, "GPU": 8.0}, threads=1, cells=3) == (3, 1)
+
+
+def test_an_address_nobody_answers_on_is_refused_in_seconds_not_minutes():
+    from codeckv.grid.cluster import _check_reachable
+
+    with pytest.raises(ConnectionError, match="no Ray cluster answers at 127.0.0.1:1"):
+        _check_reachable("127.0.0.1:1")  # Ray's own connection waits minutes there
+    _check_reachable("auto")  # left to Ray: it finds the cluster this node belongs to, or says there is none
