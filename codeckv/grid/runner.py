@@ -119,7 +119,7 @@ def run_grid(job: Job, out: Path, backend, update: bool = False) -> list[Row]:
         raise
     finally:  # before any error is printed: the bar's last line never follows it
         bar.close()
-    if arrived:
-        rows.sort(key=lambda row: place.get(key_of(job, row), -1))  # stable: a cell's rows keep their order
-        write_rows(rows, out)
-    return rows
+    ordered = sorted(rows, key=lambda row: place.get(key_of(job, row), -1))  # stable: a cell's rows keep their order
+    if arrived or ordered != rows:  # an interrupted run's appended rows are sorted by the run that finishes the grid
+        write_rows(ordered, out)
+    return ordered

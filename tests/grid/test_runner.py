@@ -134,3 +134,16 @@ def test_an_address_nobody_answers_on_is_refused_in_seconds_not_minutes():
     with pytest.raises(ConnectionError, match="no Ray cluster answers at 127.0.0.1:1"):
         _check_reachable("127.0.0.1:1")  # Ray's own connection waits minutes there
     _check_reachable("auto")  # left to Ray: it finds the cluster this node belongs to, or says there is none
+
+
+def test_a_finished_grid_left_unsorted_is_sorted_by_an_update_with_nothing_to_measure(tmp_path):
+    from codeckv.grid.runner import write_rows
+
+    out = tmp_path / "grid.csv"
+    run_grid(Squares(3), out, Local())
+    rows = read_rows(out)
+    cells = [rows[i : i + 2] for i in range(0, len(rows), 2)]
+    write_rows([row for cell in cells[::-1] for row in cell], out)  # appended as cells arrived, then killed
+    done = Squares(3)
+    run_grid(done, out, Local(), update=True)
+    assert done.opened == [] and _values(out) == _values(_full(tmp_path, 3))
