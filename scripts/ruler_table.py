@@ -126,7 +126,8 @@ def versus(rows: list[dict], reference: str, length: int) -> str:
         k = len(means)
         se = math.sqrt(sum(e * e for e in errors)) / k
         diff, diff_se = statistics.fmean(diffs), math.sqrt(sum(e * e for e in diff_errors)) / k
-        apart = "–" if tier == reference else ("yes" if abs(diff) > 2 * diff_se else "no")
+        apart = ("–" if tier == reference else "too few samples" if math.isnan(diff_se)
+                 else "yes" if abs(diff) > 2 * diff_se else "no")
         counted = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
         lines.append(f"| `{tier}` | {counted} ({k} tasks) | {statistics.fmean(means):.1f} ± {se:.1f} | "
                      f"{diff:+.1f} ± {diff_se:.1f} | {apart} |")

@@ -25,3 +25,9 @@ def test_a_tier_is_told_apart_only_beyond_twice_the_paired_standard_error():
     assert table["`turbo-3`"] == ["4 (2 tasks)", "87.5 ± 12.5", "-12.5 ± 12.5", "no"]
     assert table["`snapkv-50`"] == ["4 (2 tasks)", "0.0 ± 0.0", "-100.0 ± 0.0", "yes"]
     assert table["`native`"][3] == "–"
+
+
+def test_a_task_with_one_sample_gives_no_verdict():
+    rows = _rows("native", {"vt": [100]}) + _rows("nvfp4", {"vt": [0]})
+    line = ruler_table.versus(rows, "native", 2048).splitlines()[-1]
+    assert line.endswith("| too few samples |"), line
