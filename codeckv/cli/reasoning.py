@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import time
 from pathlib import Path
 
@@ -15,7 +14,6 @@ HELP = ("word problems with chain of thought per tier: accuracy, agreement and f
         "departure, KLD and top-1 along the tier's own generation")
 DEFAULT_TIERS = ["int8", "turbo-4", "turbo-3", "turbo-3-skip2", "tova-decoding256"]
 DEFAULT_STEPS = [2, 3, 4]  # native Qwen2.5-Coder-0.5B: 80 / 40 / 0% (docs/reasoning.md)
-SAME = ("seed", "budget")  # what every row of one CSV shares (--update)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,24 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and measure only the (problem, tier) rows it lacks: resumes a run or grows it")
 
 
-def _read(path: Path) -> list[dict]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def sibling(out: Path, suffix: str) -> Path:
     return out.with_name(f"{out.stem}-{suffix}{out.suffix}")
 
 
 def _check_kept(kept: list[dict], args: argparse.Namespace, path: Path) -> None:
-    """Refuse to grow a CSV measured on other problems: another seed, budget or step cycle."""
+    """Refuse to grow a CSV measured with another step cycle (another seed or budget: the runner's job.same)."""
     from codeckv.measure.reasoning import steps_of
 
     for row in kept:
-        for column in SAME:
-            if str(row[column]) != str(getattr(args, column)):
-                raise ValueError(f"{path} was measured with --{column} {row[column]}, not {getattr(args, column)}: "
-                                 "update a CSV measured on the same problems, or write a new one")
         if int(row["steps"]) != steps_of(int(row["index"]), tuple(args.steps)):
             raise ValueError(f"{path}'s problem {row['index']} has {row['steps']} steps, which --steps "
                              f"{' '.join(map(str, args.steps))} does not give it: pass the --steps it was measured "
@@ -65,6 +54,7 @@ def _check_kept(kept: list[dict], args: argparse.Namespace, path: Path) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from codeckv.grid import run_grid
+    from codeckv.grid.runner import read_rows
     from codeckv.measure.reasoning import check_reasoning
     from codeckv.measure.reasoning_job import ReasoningJob
     from codeckv.measure.reasoning_summary import kld_curve, summarize
@@ -74,14 +64,14 @@ def run(args: argparse.Namespace) -> None:
     check_reasoning(args.samples, tuple(args.steps), args.budget, context)
     out = Path(args.out or f"out/reasoning-{file_stem(model)}.csv")
     problems_path = sibling(out, "problems")
-    _check_kept(_read(problems_path) if args.update and problems_path.exists() else [], args, problems_path)
+    _check_kept(read_rows(problems_path) if args.update and problems_path.exists() else [], args, problems_path)
     job = ReasoningJob(model, args.tiers, args.samples, args.seed, tuple(args.steps), args.budget)
     start = time.perf_counter()
     rows = run_grid(job, problems_path, grid_backend(args), args.update)
     if not rows:
         print("nothing measured")
         return
-    every = _read(problems_path)  # the whole file, kept rows too
+    every = read_rows(problems_path)  # the whole file, kept rows too
     summary, curve = summarize(every), kld_curve(every)
     print(format_table(summary, ["tier", "problems", "accuracy", "accuracy_se", "agreement", "lost", "gained",
                                  "departed", "first_departure", "kld", "kld_se", "top1", "answer_tokens",

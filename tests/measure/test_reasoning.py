@@ -203,4 +203,4 @@ def test_the_cli_writes_problem_rows_as_cells_and_update_grows_the_problems(tmp_
     assert rows[0]["node"] and rows[0]["node_kind"]
     assert {r["tier"] for r in csv.DictReader(out.open())} == {"turbo-3", "native"}
     assert main([*small, "--samples", "2", "--update", "--seed", "3"]) == 1
-    assert "measured with --seed 0, not 3" in capsys.readouterr().err
+    assert "measured with seed 0, not 3" in capsys.readouterr().err
