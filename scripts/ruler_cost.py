@@ -63,6 +63,10 @@ TARGETS = {  # from their config.json
     "llama-3.1-8b": Geometry("Llama-3.1-8B", 32, 4096, 32, 8, 128, 14336, 128256),
     "qwen3-8b": Geometry("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936),
 }
+ROW = {"task": "niah_multikey_3", "length": 16384, "sample": 123, "tier": "snapkv-50+turbo-4", "score": 100.0,
+       "seconds": 12.345678901234, "prefill_seconds": 40.1234567, "stored_vs_bf16": 0.296875, "held_bytes": 15303552,
+       "prompt_tokens": 16200, "press_mode": "once", "seed": 0, "haystack": "bible", "node": "host/0123abcd",
+       "node_kind": "NVIDIA H100 80GB HBM3"}  # a samples CSV's row, as long as they come
 GPUS = {"h100": (989e12, 3.35e12, 80 * 2**30), "h200": (989e12, 4.8e12, 141 * 2**30)}  # bf16 dense, HBM B/s, memory
 
 
@@ -145,8 +149,23 @@ def main() -> None:
         wall = total_gpu_seconds / gpus
         print(f"- {gpus} GPUs, one worker each: {wall / 3600:.2f} h wall; the driver receives "
               f"{cells * gpus / total_gpu_seconds:.1f} cells/s ({cells:,} cells, {cells * tiers:,} rows)")
+    rewrite = _rewrite_seconds(cells * tiers)
     print(f"The driver appends a cell's {tiers} rows in {append * 1e3:.2f} ms here (measured now): it keeps up to "
-          f"about {1 / append:,.0f} cells/s.")
+          f"about {1 / append:,.0f} cells/s; rewriting all {cells * tiers:,} rows once (the sort at the end) takes "
+          f"{rewrite:.1f} s, which a driver rewriting per cell would pay at every cell.")
+
+
+def _rewrite_seconds(rows: int) -> float:
+    """Seconds the grid runner takes to write a CSV of `rows` rows whole (codeckv/grid/runner.py's write_rows)."""
+    import tempfile
+    import time
+
+    from codeckv.grid.runner import write_rows
+
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        write_rows([dict(ROW) for _ in range(rows)], Path(folder) / "samples.csv")
+        return time.perf_counter() - start
 
 
 def _append_seconds(tiers: int) -> float:
@@ -156,15 +175,11 @@ def _append_seconds(tiers: int) -> float:
 
     from codeckv.grid.runner import append_rows
 
-    row = {"task": "niah_multikey_3", "length": 16384, "sample": 123, "tier": "snapkv-50+turbo-4", "score": 100.0,
-           "seconds": 12.345678901234, "prefill_seconds": 40.1234567, "stored_vs_bf16": 0.296875,
-           "held_bytes": 15303552, "prompt_tokens": 16200, "press_mode": "once", "seed": 0, "haystack": "bible",
-           "node": "host/0123abcd", "node_kind": "NVIDIA H100 80GB HBM3"}
     with tempfile.TemporaryDirectory() as folder:
         path, times = Path(folder) / "samples.csv", []
         for _ in range(200):
             start = time.perf_counter()
-            append_rows([dict(row) for _ in range(tiers)], path)
+            append_rows([dict(ROW) for _ in range(tiers)], path)
             times.append(time.perf_counter() - start)
     return statistics.median(times)
 
