@@ -285,6 +285,7 @@ def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str
                 f"calibration (raw until {tokens_before_coder(tier):,} tokens)*")
         yield native, codec, note, note
     IDLE.busy(session)  # not evictable while this turn runs
+    cancelled = False
     try:
         turn = session.ask(loaded, user, tier, max_new_tokens, materialization_free, shown, limits.max_prompt_tokens)
         for update in turn:
@@ -301,8 +302,14 @@ def chat_stream(loaded: LoadedModel, session: ChatSession, user: str, shown: str
             else:
                 note = session_markdown(session, update.result)
                 yield native, codec, native_stats_markdown(update.result), note + codec_stats_markdown(update.result)
+    except GeneratorExit:
+        # Cancelled (Stop, Clear, a closed tab): Gradio drops the generator and this runs when it is collected,
+        # maybe during the session's next turn, whose caches are not this turn's to put at rest.
+        cancelled = True
+        raise
     finally:
-        IDLE.rest(session, limits.max_idle_mib)  # between turns: at rest, and all idle sessions bounded
+        if not cancelled:
+            IDLE.rest(session, limits.max_idle_mib)  # between turns: at rest, and all idle sessions bounded
 
 
 def may_archive(loaded: LoadedModel, session: ChatSession, user: str, tier: Tier, max_new_tokens: int,

@@ -49,7 +49,8 @@ def _wait_for_stats(page, timeout_s: float = 240) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline and "token match" not in page.locator("#codec-stats").inner_text():
         time.sleep(0.2)
-    assert "token match" in page.locator("#codec-stats").inner_text(), "the codec panel's stats never appeared"
+    said = page.locator(".toast-body").all_inner_texts()  # a failed turn's message stays on the page (serve/guard.py)
+    assert "token match" in page.locator("#codec-stats").inner_text(), f"the codec panel's stats never appeared: {said}"
 
 
 def test_chat_fills_both_panels(page):
