@@ -14,7 +14,7 @@ import pytest
 
 from codeckv.grid import Local, run_grid
 from codeckv.grid.cluster import import_ray
-from codeckv.grid.runner import read_rows
+from codeckv.grid.runner import drop_partial_line, read_rows
 from codeckv.measure.ruler_job import RulerJob
 
 try:  # first, so this process's Ray and every node it starts take the loopback address (import_ray)
@@ -25,7 +25,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMING = {"seconds", "prefill_seconds", "node", "node_kind"}  # what differs between two runs of the same cells
-GRID = dict(tiers=["int8", "snapkv-50"], tasks=["niah_single_1", "niah_multikey_1"], lengths=[512], samples=2)
+GRID = dict(tiers=["int8", "snapkv-50"], tasks=["niah_single_1", "niah_multikey_1"], lengths=[512], samples=3)
+# 6 cells over 2 workers: after a run's first cell, two rounds of cells are left, the time a stop has to land in
 
 
 @pytest.fixture(scope="module")
@@ -145,28 +146,31 @@ def test_ruler_on_two_nodes_gives_the_serial_rows_though_a_worker_is_killed(clus
     assert [row["tier"] for row in read_rows(out)][:3] == ["int8", "snapkv-50", "native"]
 
 
-def test_ctrl_c_and_a_killed_driver_keep_every_row_and_update_resumes(cluster, tiny_model, serial, tmp_path):
+def test_a_killed_driver_then_ctrl_c_keep_every_row_and_update_resumes(cluster, tiny_model, serial, tmp_path):
     out = tmp_path / "ruler.csv"
     samples = out.with_name("ruler-samples.csv")
 
-    def stopped_after(rows: int, stop) -> subprocess.Popen:
+    def stopped_when(ready, stop) -> subprocess.Popen:
         driver = _ruler(tiny_model, out, cluster.address, "--update")
         deadline = time.monotonic() + 120
         while driver.poll() is None and time.monotonic() < deadline:
-            if samples.exists() and len(read_rows(samples)) >= rows:
+            if ready():
                 stop(driver)
                 break
             time.sleep(0.05)
         return driver
 
-    interrupted = stopped_after(3, lambda driver: driver.send_signal(signal.SIGINT))  # Ctrl-C
-    output = interrupted.communicate(timeout=30)[0]
-    assert interrupted.returncode == 130 and "--update resumes" in output, output
-    killed = stopped_after(len(read_rows(samples)) + 3, lambda driver: driver.kill())  # the driver itself killed
+    has_a_cell = lambda: samples.exists() and len(read_rows(samples)) >= 3  # noqa: E731 - one cell: 3 tiers' rows
+    killed = stopped_when(has_a_cell, lambda driver: driver.kill())  # the driver itself killed after its first cell
     killed.wait(timeout=60)
+    drop_partial_line(samples)  # as the resumed run does first: a row the kill cut short is measured again
     kept = _measured(samples)
-    assert 3 <= len(kept) < len(serial), "stopped after its first sample and before its last"
+    assert 3 <= len(kept) < len(serial), "stopped after its first cell and before its last"
     assert len({tuple(row.values()) for row in kept}) == len(kept), "no row written twice"
+    interrupted = stopped_when(lambda: bool(_busy_workers(cluster)), lambda driver: driver.send_signal(signal.SIGINT))
+    output = interrupted.communicate(timeout=30)[0]  # Ctrl-C while the resumed run's workers are mid-cell
+    assert interrupted.returncode == 130 and "--update resumes" in output, output
+    assert _measured(samples)[: len(kept)] == kept, "Ctrl-C kept every row done before it"
     again = _ruler(tiny_model, out, cluster.address, "--update")
     output = again.communicate(timeout=300)[0]
     assert again.returncode == 0, output
