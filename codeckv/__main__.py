@@ -2,7 +2,11 @@
 
 import sys
 
-from codeckv.cli import main
+try:
+    from codeckv.cli import main
+except KeyboardInterrupt:  # Ctrl-C while the modules load ends as Ctrl-C later does (cli/__init__.py)
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -167,6 +167,10 @@ def test_a_killed_driver_then_ctrl_c_keep_every_row_and_update_resumes(cluster, 
     kept = _measured(samples)
     assert 3 <= len(kept) < len(serial), "stopped after its first cell and before its last"
     assert len({tuple(row.values()) for row in kept}) == len(kept), "no row written twice"
+    gone = time.monotonic() + 60  # Ray ends the killed driver's workers with its job; one still mid-cell would
+    while _busy_workers(cluster) and time.monotonic() < gone:  # otherwise trigger the Ctrl-C below before the new
+        time.sleep(0.1)  # driver has even imported its modules
+    assert not _busy_workers(cluster), "the killed driver's workers outlived it"
     interrupted = stopped_when(lambda: bool(_busy_workers(cluster)), lambda driver: driver.send_signal(signal.SIGINT))
     output = interrupted.communicate(timeout=30)[0]  # Ctrl-C while the resumed run's workers are mid-cell
     assert interrupted.returncode == 130 and "--update resumes" in output, output
