@@ -71,7 +71,8 @@ def build(model_name: gr.Dropdown, stop_flag: gr.State, ruler_state: gr.State, c
             with gr.Row():
                 source = gr.Radio(list(SOURCES), value=next(iter(SOURCES)), label="text", scale=3)
                 windows = gr.Slider(1, 8, value=2, step=1, label="windows", scale=1)
-                length = gr.Slider(128, 2048, value=512, step=128, label="tokens per window", scale=1)
+                length = gr.Slider(128, 2048, value=512, step=128, label="tokens per window", scale=1,
+                                   elem_id="sweep-length")
             with gr.Row():
                 pasted = gr.Textbox(label="pasted text", lines=3, max_lines=8, scale=3)
                 upload = gr.File(label=".txt / .md file", file_types=list(TEXT_FILE_TYPES), scale=1)

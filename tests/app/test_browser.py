@@ -21,9 +21,9 @@ from tests.figure_layout import CHROMIUM, FLAGS, figure_layout_problems
 playwright = pytest.importorskip("playwright.sync_api")
 SHOTS = Path(__file__).resolve().parents[2] / "assets" / "screenshots"
 SWEPT = ("png", "int8", "rotated-4", "turbo-4", "jpeg-k2")  # a spread of the frontier, in CI-sized time
-# native and these 5 tiers (the peers unchecked) x 4 windows x 256 steps. Beside a Qwen quality run, 9 caches (the
-# installed peers were left checked then) reached step 220 of 256 in 901 s; the deadline leaves room for a busy
-# machine, and the app's server budget is longer still (tests/app/conftest.py), so the test never races it.
+# native and these 5 tiers (the peers unchecked) x 2 windows x 128 scored steps: about 60 s alone. Beside a Qwen
+# quality run, 9 caches (the installed peers left checked) once reached step 220 of 256 in 901 s; the deadline leaves
+# room for a busy machine, and the app's server budget is longer still (tests/app/conftest.py): no race with it.
 SWEEP_SECONDS = 1800
 RULER_SECONDS = 900  # niah_single_1 at 1k tokens, 2 samples, native + 2 tiers: about a minute on an idle machine
 REASONING_SECONDS = 900  # 2 word problems, 64-token replies, native + 2 tiers: well under a minute on an idle machine
@@ -46,10 +46,10 @@ def page(app_url):
 
 
 def _wait_for_stats(page, timeout_s: float = 240) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline and "token match" not in page.locator("#codec-stats").inner_text():
+    deadline, said = time.time() + timeout_s, []
+    while time.time() < deadline and "token match" not in page.locator("#codec-stats").inner_text() and not said:
         time.sleep(0.2)
-    said = page.locator(".toast-body").all_inner_texts()  # a failed turn's message stays on the page (serve/guard.py)
+        said = page.locator(".toast-body").all_inner_texts()  # a failed turn's message stays (serve/guard.py)
     assert "token match" in page.locator("#codec-stats").inner_text(), f"the codec panel's stats never appeared: {said}"
 
 
@@ -104,6 +104,7 @@ def test_long_text_sweep_with_error_bars(page):
         box = page.get_by_label(name, exact=True)
         if name not in SWEPT and box.count() and box.is_checked():
             box.uncheck()
+    page.locator("#sweep-length input[type=number]").fill("256")  # 2 windows (the default) of 256 tokens
     page.get_by_role("button", name="Run sweep").click()
     tables = ""
     deadline = time.time() + SWEEP_SECONDS
