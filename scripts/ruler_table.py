@@ -14,6 +14,13 @@ own question and answer.
 RULER average ± its standard error (the tasks' means over their samples, averaged; the tasks' errors combined), and
 the difference from the reference ± its standard error, paired sample by sample; a difference within twice that
 error is "cannot be told apart".
+
+    .venv/bin/python scripts/ruler_table.py assets/ruler-qwen2.5-coder-0.5b-samples.csv --versus native \\
+        --haystack assets/ruler-qwen2.5-coder-0.5b-docstrings-samples.csv
+
+--haystack sets two samples CSVs of the same grid on two haystacks side by side: each tier's loss against the
+reference on each, over the tasks both measured, and whether (and on which tasks) they differ by more than twice
+their combined error.
 """
 
 from __future__ import annotations
@@ -104,33 +111,69 @@ def costs(rows: list[dict]) -> str:
     return "\n\n".join(out)
 
 
-def versus(rows: list[dict], reference: str, length: int) -> str:
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+
+
+def _by_task(rows: list[dict], tier: str, reference: str, length: int) -> dict[str, tuple]:
+    """Per task measured for `tier` at `length`: (samples, score mean, its se, mean difference from `reference` on
+    the same samples, its se)."""
     at = [r for r in rows if int(r["length"]) == length]
     score = {(r["task"], r["sample"], r["tier"]): float(r["score"]) for r in at}
-    tasks = [t for t in TASK_NAMES if any(r["task"] == t for r in at)]
-    lines = [f"| cache | samples a task | RULER avg ± se | vs `{reference}` ± se (paired) | told apart (> 2 se) |",
-             "|---|---:|---:|---:|---|"]
-    for tier in _tiers(at):
-        means, errors, diffs, diff_errors, counts = [], [], [], [], []
-        for task in tasks:
-            samples = sorted({r["sample"] for r in at if r["task"] == task and r["tier"] == tier})
-            if not samples:
-                continue
+    found = {}
+    for task in [t for t in TASK_NAMES if any(r["task"] == t for r in at)]:
+        samples = sorted({r["sample"] for r in at if r["task"] == task and r["tier"] == tier})
+        if samples:
             mine = [score[task, s, tier] for s in samples]
             delta = [score[task, s, tier] - score[task, s, reference] for s in samples if (task, s, reference) in score]
-            counts.append(len(mine))
-            means.append(statistics.fmean(mine))
-            errors.append(statistics.stdev(mine) / math.sqrt(len(mine)) if len(mine) > 1 else math.nan)
-            diffs.append(statistics.fmean(delta))
-            diff_errors.append(statistics.stdev(delta) / math.sqrt(len(delta)) if len(delta) > 1 else math.nan)
-        k = len(means)
-        se = math.sqrt(sum(e * e for e in errors)) / k
-        diff, diff_se = statistics.fmean(diffs), math.sqrt(sum(e * e for e in diff_errors)) / k
+            found[task] = (len(mine), *_mean_se(mine), *_mean_se(delta))
+    return found
+
+
+def _combined(found: dict[str, tuple], tasks: list[str]) -> tuple[float, float, float, float]:
+    """The RULER average over `tasks` ± its se, and the difference from the reference ± its se (errors combined)."""
+    k = len(tasks)
+    mean = statistics.fmean(found[t][1] for t in tasks)
+    diff = statistics.fmean(found[t][3] for t in tasks)
+    return (mean, math.sqrt(sum(found[t][2] ** 2 for t in tasks)) / k,
+            diff, math.sqrt(sum(found[t][4] ** 2 for t in tasks)) / k)
+
+
+def versus(rows: list[dict], reference: str, length: int) -> str:
+    lines = [f"| cache | samples a task | RULER avg ± se | vs `{reference}` ± se (paired) | told apart (> 2 se) |",
+             "|---|---:|---:|---:|---|"]
+    for tier in _tiers([r for r in rows if int(r["length"]) == length]):
+        found = _by_task(rows, tier, reference, length)
+        mean, se, diff, diff_se = _combined(found, list(found))
         apart = ("–" if tier == reference else "too few samples" if math.isnan(diff_se)
                  else "yes" if abs(diff) > 2 * diff_se else "no")
+        counts = [n for n, *_ in found.values()]
         counted = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
-        lines.append(f"| `{tier}` | {counted} ({k} tasks) | {statistics.fmean(means):.1f} ± {se:.1f} | "
+        lines.append(f"| `{tier}` | {counted} ({len(found)} tasks) | {mean:.1f} ± {se:.1f} | "
                      f"{diff:+.1f} ± {diff_se:.1f} | {apart} |")
+    return "\n".join(lines)
+
+
+def haystacks(rows: list[dict], other: list[dict], reference: str, length: int) -> str:
+    """Each tier's loss against `reference` in two samples CSVs of the same grid on two haystacks, over the tasks
+    both measured: the losses, their difference ± its se (independent samples), and the tasks where the two
+    haystacks' losses differ by more than twice their combined error."""
+    named = [next((r.get("haystack") or "?" for r in table), "?") for table in (rows, other)]
+    lines = [f"| cache | tasks | vs `{reference}`, {named[0]} | vs `{reference}`, {named[1]} | difference ± se | "
+             "depends on the haystack (> 2 se) | tasks where it does |", "|---|---:|---:|---:|---:|---|---|"]
+    at_other = {r["tier"] for r in other if int(r["length"]) == length}
+    for tier in [t for t in _tiers([r for r in rows if int(r["length"]) == length]) if t in at_other]:
+        if tier == reference:
+            continue
+        first, second = _by_task(rows, tier, reference, length), _by_task(other, tier, reference, length)
+        tasks = [t for t in first if t in second]
+        *_, a, a_se = _combined(first, tasks)
+        *_, b, b_se = _combined(second, tasks)
+        gap, gap_se = b - a, math.hypot(a_se, b_se)
+        where = [t for t in tasks if abs(second[t][3] - first[t][3]) > 2 * math.hypot(first[t][4], second[t][4])]
+        lines.append(f"| `{tier}` | {len(tasks)} | {a:+.1f} ± {a_se:.1f} | {b:+.1f} ± {b_se:.1f} | "
+                     f"{gap:+.1f} ± {gap_se:.1f} | {'yes' if abs(gap) > 2 * gap_se else 'no'} | "
+                     f"{', '.join(where) or '–'} |")
     return "\n".join(lines)
 
 
@@ -142,8 +185,13 @@ def main() -> None:
     shown.add_argument("--costs", action="store_true", help="each tier's own seconds against the native prefill")
     shown.add_argument("--versus", metavar="TIER", help="a samples CSV: each tier against TIER, paired by sample")
     parser.add_argument("--length", type=int, default=4096, help="--versus: the length compared (default 4096)")
+    parser.add_argument("--haystack", type=Path, metavar="CSV",
+                        help="with --versus: the same grid's samples CSV on another haystack, each tier's loss in both")
     args = parser.parse_args()
     rows = _rows(args.csv)
+    if args.haystack:
+        print(haystacks(rows, _rows(args.haystack), args.versus or "native", args.length))
+        return
     if args.versus:
         print(versus(rows, args.versus, args.length))
         return

@@ -31,3 +31,16 @@ def test_a_task_with_one_sample_gives_no_verdict():
     rows = _rows("native", {"vt": [100]}) + _rows("nvfp4", {"vt": [0]})
     line = ruler_table.versus(rows, "native", 2048).splitlines()[-1]
     assert line.endswith("| too few samples |"), line
+
+
+def test_a_verdict_depends_on_the_haystack_only_beyond_twice_the_combined_error():
+    native = {"niah_single_1": [100] * 4, "vt": [100] * 4}
+    first = _rows("native", native) + _rows("nvfp4", {"niah_single_1": [0] * 4, "vt": [100, 0, 100, 100]})
+    second = _rows("native", native) + _rows("nvfp4", {"niah_single_1": [100] * 4, "vt": [100, 100, 0, 100]})
+    for row in first:
+        row["haystack"] = "bible"
+    line = ruler_table.haystacks(first, second, "native", 2048).splitlines()
+    assert "native`, bible |" in line[0] and "native`, ? |" in line[0], line[0]  # a CSV without the column: "?"
+    cells = [cell.strip() for cell in line[2].split("|")[1:-1]]
+    # niah_single_1 loses 100 on the first haystack and nothing on the second; vt -25 +- 25 on both
+    assert cells == ["`nvfp4`", "2", "-62.5 ± 12.5", "-12.5 ± 12.5", "+50.0 ± 17.7", "yes", "niah_single_1"]
