@@ -60,7 +60,8 @@ def ruler_heatmap_figure(rows: Sequence, model: str | None = None) -> go.Figure:
 def ruler_average(rows: Sequence, length: int) -> dict[str, dict]:
     """tier -> a Pareto row of its RULER average at `length` (measure/ruler.py rows): `score` the mean over the tasks,
     `score_se` its standard error (the tasks' samples are drawn apart: the root of the tasks' squared errors over
-    their count), `stored_vs_bf16` and `archive_bytes` (what the cache held) the means, `tasks` their count. Only
+    their count), `stored_vs_bf16` and `archive_bytes` (what the cache held) the means, `tasks` their count,
+    `samples` the fewest samples a task had (0 where the rows do not say). Only
     the tiers measured on every task native was (an average over other tasks would not compare)."""
     by_tier: dict[str, dict[str, dict]] = {}
     for row in _dicts(rows):
@@ -77,6 +78,7 @@ def ruler_average(rows: Sequence, length: int) -> dict[str, dict]:
             "score_se": math.sqrt(sum(e * e for e in errors)) / len(tasks),  # nan with one sample: no error bar
             "stored_vs_bf16": statistics.fmean(float(found[t]["stored_vs_bf16"]) for t in tasks),
             "archive_bytes": round(statistics.fmean(float(found[t].get("held_bytes") or 0) for t in tasks)),
+            "samples": min(int(float(found[t].get("samples") or 0)) for t in tasks),  # 0: not recorded
         }
     return averages
 
@@ -84,12 +86,19 @@ def ruler_average(rows: Sequence, length: int) -> dict[str, dict]:
 def ruler_bytes_figure(rows: Sequence, length: int, model: str | None = None) -> go.Figure:
     """The RULER average at `length` against what each tier stores per token seen vs bf16 (ruler_average): the
     Pareto chart of figures/plots.py on its score axis, error bars the average's standard error; the title names
-    `model` when given."""
+    `model` when given. Where some tiers have fewer samples a task than others, their labels give their count."""
     averages = list(ruler_average(rows, length).values())
     tasks = max((a["tasks"] for a in averages), default=0)
     named = f", {model}" if model else ""
-    return pareto_figure(averages, "score",
-                         title=f"RULER average at {length:,} tokens ({tasks} task{'s' * (tasks != 1)}) vs bytes{named}")
+    most = max((a["samples"] for a in averages), default=0)
+    fewer = ""
+    if any(0 < a["samples"] < most for a in averages):  # a grid grown for some tiers: their counts on the chart
+        for a in averages:
+            if 0 < a["samples"] < most:
+                a["label"] = f"{a['tier']} ({a['samples']})"
+        fewer = f"; {most} samples a task, (n): n"
+    counted = f"{tasks} task{'s' * (tasks != 1)}{fewer}"
+    return pareto_figure(averages, "score", title=f"RULER average at {length:,} tokens ({counted}) vs bytes{named}")
 
 
 def placeholder_figure(title: str, message: str) -> go.Figure:

@@ -105,7 +105,7 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
     above `y_cap` (default: 1.3 x the largest value below the metric's "broken" level) sit on the top edge as
     triangles with their true value in the label, so a broken tier does not flatten the rest. Each family (codecs,
     the engines' formats, presses, presses over codecs, transformers' and llama.cpp's peers: family_of) is a trace of
-    its own with its marker and colour, named in the legend.
+    its own with its marker and colour, named in the legend. A row's `label`, if any, is drawn for its tier's name.
     """
     if metric not in PARETO_METRICS and metric not in PARETO_SCORES:
         raise ValueError(f"metric={metric!r} (allowed: {', '.join([*PARETO_METRICS, *PARETO_SCORES])})")
@@ -148,7 +148,8 @@ def pareto_figure(rows: Sequence, metric: str = "delta_nll_pct", y_cap: float | 
     x_low, x_high = min(xs + [1.0]), max(xs + [1.0])  # the bf16 line is always drawn
     x_range = (x_low - 0.06 * (x_high - x_low), x_high + 0.06 * (x_high - x_low))
     # llama.cpp's rows by their KV type alone ("q4_0"): the legend names the engine, and short labels find room
-    labels = [r["tier"].removeprefix("llamacpp-") + (f" ({y:.3g})" if y > y_cap else "") for r, y in zip(rows, ys)]
+    labels = [(r.get("label") or r["tier"]).removeprefix("llamacpp-") + (f" ({y:.3g})" if y > y_cap else "")
+              for r, y in zip(rows, ys)]
     for i, offset in enumerate(place_labels(xs, shown, labels, x_range, y_range)):
         if offset is None:
             continue

@@ -220,3 +220,17 @@ def test_the_ruler_average_carries_its_standard_error_over_tasks():
             for name, err in zip(trace.text, trace.error_y.array)}
     assert bars == {"native": pytest.approx(2.5), "turbo-4": pytest.approx(2.5)}
     assert list(chart.layout.yaxis.range) == [-8.0, 108.0], "a score keeps its 0-100 axis"
+
+
+def test_a_ruler_chart_of_tiers_grown_apart_labels_the_ones_with_fewer_samples():
+    from codeckv.figures import ruler_bytes_figure
+
+    rows = [{"task": "vt", "length": 4096, "tier": tier, "score": 50.0, "score_se": 5.0, "stored_vs_bf16": stored,
+             "samples": samples} for tier, stored, samples in (("native", 1.0, 8), ("turbo-4", 0.297, 8),
+                                                               ("pca-8x", 0.124, 2))]
+    chart = ruler_bytes_figure(rows, 4096)
+    labels = {annotation.text for annotation in chart.layout.annotations}
+    assert {"native", "turbo-4", "pca-8x (2)"} <= labels, labels
+    assert "8 samples a task, (n): n" in chart.layout.title.text
+    same = ruler_bytes_figure([{**row, "samples": 8} for row in rows], 4096)
+    assert "pca-8x" in {a.text for a in same.layout.annotations} and "samples" not in same.layout.title.text
