@@ -215,23 +215,34 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
 def model_config(name: str | None = None) -> PretrainedConfig:
     """A model's config without its weights (the converted copy's, the GGUF file's header, or the hub's), e.g. to
     size the app's controls before the model has loaded; ModelUnavailableError as load_model raises it."""
+    return _without_weights(name, AutoConfig, "config.json", "config")
+
+
+def model_tokenizer(name: str | None = None) -> PreTrainedTokenizerBase:
+    """A model's tokenizer without its weights, from where model_config reads the config: a grid refuses a length
+    too short for a task before the model loads."""
+    return _without_weights(name, AutoTokenizer, "tokenizer_config.json", "tokenizer")
+
+
+def _without_weights(name: str | None, auto, marker: str, what: str):
+    """`auto.from_pretrained` of a model's converted copy (where it holds `marker`), its GGUF file, or its hub id."""
     name = name or DEFAULT_MODEL
     if name in EMBEDDED:
         converted = cache_dir() / name
-        if (converted / "config.json").exists():
-            return AutoConfig.from_pretrained(converted)
+        if (converted / marker).exists():
+            return auto.from_pretrained(converted)
         try:
             gguf = EMBEDDED[name].gguf_path()
         except ModelUnavailableError:
-            name = EMBEDDED[name].hub_id  # loaded from the hub where the package is absent: its config too
+            name = EMBEDDED[name].hub_id  # loaded from the hub where the package is absent: its files too
         else:
-            return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            return auto.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if "/" not in name:
         raise ModelUnavailableError(f"unknown model '{name}': use one of {sorted(EMBEDDED)} or a hub id")
     try:
-        return AutoConfig.from_pretrained(name)
+        return auto.from_pretrained(name)
     except OSError as err:
-        raise ModelUnavailableError(f"cannot read the config of '{name}': {_first_line(err)}") from err
+        raise ModelUnavailableError(f"cannot read the {what} of '{name}': {_first_line(err)}") from err
 
 
 def _load_embedded(spec: EmbeddedModel, dtype: torch.dtype):

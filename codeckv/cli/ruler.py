@@ -45,15 +45,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from codeckv.grid import run_grid
     from codeckv.grid.runner import kept_rows, read_rows, write_rows
+    from codeckv.measure.long_tasks import check_sample_fits
     from codeckv.measure.long_tasks.haystack import haystack_text
     from codeckv.measure.ruler import as_dicts, check_grid, row_key, summarize
     from codeckv.measure.ruler_job import RulerJob
     from codeckv.measure.table import format_table, numbers
+    from codeckv.models import model_tokenizer
 
-    # a bad haystack file, a length past the context, an --update of other samples: each said before the model loads
+    # a bad haystack file, a length past the context or too short for a task, an --update of other samples: each
+    # said before the model loads
     haystack_text(args.haystack)
     model, context = model_context(args)
     check_grid(model, context, args.tasks, args.lengths, args.samples)
+    tokenizer = model_tokenizer(model)
+    for task in args.tasks:
+        for length in args.lengths:
+            check_sample_fits(task, tokenizer, length, args.seed, args.haystack)
     job = RulerJob(model, args.tiers, args.tasks, args.lengths, args.samples, args.seed, args.haystack,
                    args.press_mode)
     out = Path(args.out or f"out/ruler-{file_stem(model)}.csv")

@@ -157,6 +157,8 @@ def test_a_length_past_the_context_is_refused_before_the_model_loads(monkeypatch
     monkeypatch.setattr(codeckv.models, "load_model", no_load)
     assert main(["ruler", "--lengths", "8193", "--samples", "1"]) == 1
     assert "length 8193 is outside 256..8192, the context smollm2-135m takes" in capsys.readouterr().err
+    assert main(["ruler", "--lengths", "512", "--tasks", "niah_single_1", "vt", "--samples", "1"]) == 1
+    assert "vt needs at least" in capsys.readouterr().err, "too short for a task: the tokenizer says so"
     assert main(["quality", "--depths", "8000", "--tiers", "int8"]) == 1
     assert "8257 tokens a window, more than smollm2-135m's context of 8192" in capsys.readouterr().err
     assert main(["needle", "--lengths", "8180", "--tiers", "int8"]) == 1

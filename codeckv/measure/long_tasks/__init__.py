@@ -15,7 +15,7 @@ from __future__ import annotations
 from transformers import PreTrainedTokenizerBase
 
 from codeckv.measure.long_tasks import common_words, frequent_words, niah, variable_tracking
-from codeckv.measure.long_tasks.base import LongTask, Sample, build_sample, string_match_all
+from codeckv.measure.long_tasks.base import LongTask, Sample, build_sample, check_fits, string_match_all
 from codeckv.measure.long_tasks.haystack import DEFAULT_HAYSTACK, haystack_text
 
 TASK_NAMES = (*niah.TASKS, "vt", "cwe", "fwe")
@@ -41,4 +41,11 @@ def long_sample(name: str, tokenizer: PreTrainedTokenizerBase, length: int, seed
     return build_sample(long_task(name, length), tokenizer, length, seed, index, haystack_text(haystack))
 
 
-__all__ = ["TASK_NAMES", "LongTask", "Sample", "long_sample", "long_task", "string_match_all"]
+def check_sample_fits(name: str, tokenizer: PreTrainedTokenizerBase, length: int, seed: int = 0,
+                      haystack: str = DEFAULT_HAYSTACK) -> None:
+    """long_sample's ValueError for a length too short for task `name`, from the tokenizer alone (sample 0's smallest
+    instance; another sample's draws can need a few tokens more, and long_sample refuses that one when it is built)."""
+    check_fits(long_task(name, length), tokenizer, length, seed, 0, haystack_text(haystack))
+
+
+__all__ = ["TASK_NAMES", "LongTask", "Sample", "check_sample_fits", "long_sample", "long_task", "string_match_all"]

@@ -112,11 +112,7 @@ def build_sample(task: LongTask, tokenizer: PreTrainedTokenizerBase, length: int
         _, context, question = made(size)
         return context.shape[1] + question.shape[1] + task.answer_tokens <= length
 
-    if not fits(task.smallest):
-        _, context, question = made(task.smallest)
-        need = context.shape[1] + question.shape[1] + task.answer_tokens
-        raise ValueError(f"{task.name} needs at least {need} tokens with this tokenizer (its instruction, question "
-                         f"and {task.answer_tokens} answer tokens); {length} asked for")
+    check_fits(task, tokenizer, length, seed, index, haystack)
     low, high = task.smallest, task.smallest * 2
     while fits(high):  # doubling, then bisection: O(log size) tokenizations of the whole prompt
         low, high = high, high * 2
@@ -125,3 +121,15 @@ def build_sample(task: LongTask, tokenizer: PreTrainedTokenizerBase, length: int
         low, high = (middle, high) if fits(middle) else (low, middle)
     text, context, question = made(low)  # low only ever takes sizes that fit
     return Sample(task.name, length, index, context, question, text.outputs, task.answer_tokens, low)
+
+
+def check_fits(task: LongTask, tokenizer: PreTrainedTokenizerBase, length: int, seed: int, index: int,
+               haystack: str) -> None:
+    """A ValueError when even the smallest instance of `task` (its instruction, question and answer budget) does not
+    fit `length` tokens: one tokenization, so a grid can ask with the tokenizer alone, before its model loads."""
+    text = task.generate(sample_rng(task.name, length, seed, index), task.smallest, haystack)
+    context, question = frame(tokenizer, text)
+    need = context.shape[1] + question.shape[1] + task.answer_tokens
+    if need > length:
+        raise ValueError(f"{task.name} needs at least {need} tokens with this tokenizer (its instruction, question "
+                         f"and {task.answer_tokens} answer tokens); {length} asked for")
