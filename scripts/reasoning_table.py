@@ -8,7 +8,8 @@ reasoning` writes (assets/reasoning-<model>-problems.csv), and the charts as PNG
         --groups native int8/fp8-e4m3 turbo-4/turbo-3          # the README's rows: a group's tiers side by side
 
 Rows are compared on the problems every listed tier answered (a CSV grown over several runs may hold more for
-some). Prints one Markdown table per tier (accuracy, agreement, flips, departure, KLD, top-1, bytes) and native's
+some). Prints one Markdown table per tier (accuracy, its difference from the reference paired by problem, agreement,
+flips, departure, KLD, top-1, bytes) and native's
 accuracy per step count; with --png, the accuracy-vs-bytes chart and the KLD-vs-position curve, shot with headless
 Chromium (scripts/chart_png.py), failing on a layout problem.
 """
@@ -47,18 +48,31 @@ def common_problems(rows: list[dict], tiers: list[str]) -> list[dict]:
     return [r for r in rows if r["tier"] in wanted and int(r["index"]) in shared]
 
 
+def paired(lost: int, gained: int, problems: int) -> tuple[float, float]:
+    """A tier's accuracy minus its reference's in points, ± its standard error, paired problem by problem: each
+    problem differs by +100 (gained), -100 (lost) or 0."""
+    mean = (gained - lost) / problems
+    if problems < 2:
+        return 100 * mean, math.nan
+    variance = problems / (problems - 1) * ((gained + lost) / problems - mean * mean)
+    return 100 * mean, 100 * math.sqrt(variance / problems)
+
+
 def markdown(rows: list[dict], tiers: list[str]) -> str:
     summary = {s["tier"]: s for s in summarize(rows)}
-    lines = ["| cache | stores (vs bf16, end of reply) | accuracy % | agreement % | lost / gained | departed % "
-             "(median position) | KLD along its reply | top-1 % |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| cache | stores (vs bf16, end of reply) | accuracy % | vs its reference (paired) | agreement % | "
+             "lost / gained | departed % (median position) | KLD along its reply | top-1 % |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for tier in tiers:
         s = summary[tier]
         departure = f"{s['departed']:.0f}" + (f" ({s['first_departure']:.0f})" if s["departed"] else "")
+        diff, se = paired(s["lost"], s["gained"], s["problems"])
+        apart = "" if math.isnan(se) or abs(diff) <= 2 * se else " *"
         lines.append(f"| `{tier}` | {100 * s['stored_vs_bf16']:.1f}% | {_pm(s['accuracy'], s['accuracy_se'], 1)} | "
-                     f"{s['agreement']:.1f} | {s['lost']} / {s['gained']} | {departure} | "
-                     f"{_kld(s['kld'], s['kld_se'])} | {_pm(s['top1'], s['top1_se'], 1)} |")
+                     f"{_pm(diff, se, 1)}{apart} | {s['agreement']:.1f} | {s['lost']} / {s['gained']} | "
+                     f"{departure} | {_kld(s['kld'], s['kld_se'])} | {_pm(s['top1'], s['top1_se'], 1)} |")
     problems = min(s["problems"] for s in summary.values())
-    return "\n".join(lines) + f"\n\n{problems} problems each"
+    return "\n".join(lines) + f"\n\n{problems} problems each; * told apart from its reference (beyond twice the error)"
 
 
 def grouped(rows: list[dict], groups: list[list[str]]) -> str:
