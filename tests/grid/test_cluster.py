@@ -70,7 +70,10 @@ def _ruler(tiny_model: str, out: Path, address: str, *extra: str) -> subprocess.
     command = [sys.executable, "-m", "codeckv", "ruler", "--model", tiny_model, "--lengths", "512", "--tasks",
                *GRID["tasks"], "--samples", str(GRID["samples"]), "--tiers", *GRID["tiers"], "--threads", "1",
                "--ray", address, "--out", str(out), "--charts", str(out.parent / "charts"), *extra]
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Ctrl-C as a terminal sends it, whoever started the suite: a shell's background job (`make test &`) ignores
+    # SIGINT, and its children would inherit that
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _busy_workers(cluster) -> list[int]:
