@@ -51,11 +51,7 @@ def common_problems(rows: list[dict], tiers: list[str]) -> list[dict]:
 def paired(lost: int, gained: int, problems: int) -> tuple[float, float]:
     """A tier's accuracy minus its reference's in points, ± its standard error, paired problem by problem: each
     problem differs by +100 (gained), -100 (lost) or 0."""
-    mean = (gained - lost) / problems
-    if problems < 2:
-        return 100 * mean, math.nan
-    variance = problems / (problems - 1) * ((gained + lost) / problems - mean * mean)
-    return 100 * mean, 100 * math.sqrt(variance / problems)
+    return mean_se([100.0] * gained + [-100.0] * lost + [0.0] * (problems - gained - lost))
 
 
 def markdown(rows: list[dict], tiers: list[str]) -> str:

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from codeckv.measure.long_tasks import TASK_NAMES  # noqa: E402
+from codeckv.measure.reasoning_summary import mean_se  # noqa: E402
 from codeckv.tiers import TIERS  # noqa: E402
 
 
@@ -111,10 +112,6 @@ def costs(rows: list[dict]) -> str:
     return "\n\n".join(out)
 
 
-def _mean_se(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
-
-
 def _by_task(rows: list[dict], tier: str, reference: str, length: int) -> dict[str, tuple]:
     """Per task measured for `tier` at `length`: (samples, score mean, its se, mean difference from `reference` on
     the same samples, its se)."""
@@ -126,7 +123,7 @@ def _by_task(rows: list[dict], tier: str, reference: str, length: int) -> dict[s
         if samples:
             mine = [score[task, s, tier] for s in samples]
             delta = [score[task, s, tier] - score[task, s, reference] for s in samples if (task, s, reference) in score]
-            found[task] = (len(mine), *_mean_se(mine), *_mean_se(delta))
+            found[task] = (len(mine), *mean_se(mine), *mean_se(delta))
     return found
 
 
