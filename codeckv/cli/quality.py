@@ -7,12 +7,21 @@ import csv
 import time
 from pathlib import Path
 
-from codeckv.cli.common import file_stem, forward_bar, load, model_context, write_figures
+from codeckv.cli.common import (
+    add_grid_arguments,
+    file_stem,
+    forward_bar,
+    grid_backend,
+    load,
+    model_context,
+    set_threads,
+    write_figures,
+)
 from codeckv.cli.types import bits_list, positive, run_name
+from codeckv.measure.depth_job import DEPTH_SCORED
 from codeckv.presses.base import PRESS_MODE_MEANING, PRESS_MODES
 
 NAME = "quality"
-DEPTH_SCORED = 256  # --depths: tokens scored after each compressed prefix
 HELP = "per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread"
 
 
@@ -39,11 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depths", type=positive, nargs="+", metavar="TOKENS",
                         help="quality at depth: for each, windows of TOKENS + 256, the first TOKENS prefilled once "
                              "and every tier built from it (as --shared-prefill), the next 256 scored; one CSV with "
-                             "every depth's rows (prefix_tokens) and a chart per metric against depth")
-    parser.add_argument("--out", help="CSV path (default out/quality-<model>[-<source>].csv)")
+                             "every depth's rows (prefix_tokens) and a chart per metric against depth; a depth is a "
+                             "cell of codeckv/grid/'s runner: --ray, --threads, --update resume")
+    add_grid_arguments(parser)
+    parser.add_argument("--out", help="CSV path (default out/quality-<model>[-<source>].csv; with --depths "
+                                      "out/depth-<model>[-<source>].csv, written as each depth finishes)")
     parser.add_argument("--update", action="store_true",
                         help="keep the other rows of the CSV at --out (measured on the same text, windows and length "
-                             "against the same native run) and replace or add these tiers' rows")
+                             "against the same native run) and replace or add these tiers' rows; with --depths, keep "
+                             "its depths and measure only those it lacks")
     parser.add_argument("--charts", help="folder for the HTML charts (default out/quality-<model>[-<source>])")
 
 
@@ -58,12 +71,14 @@ def run(args: argparse.Namespace) -> None:
     tiers += [pca_tier(bits) for bits in args.pca_bits]
     text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
     if args.depths:
-        _check_depths(args, tiers)
+        return _at_depths(args, tiers, text)
+    if args.ray is not None:
+        raise ValueError("--ray runs --depths' grid (a cell per depth); a run over windows is one lockstep batch in "
+                         "one process: leave out --ray, or give --depths")
+    set_threads(args.threads)
     loaded = load(args)
     bar, progress = forward_bar("quality")
     start = time.perf_counter()
-    if args.depths:
-        return _at_depths(args, loaded, tiers, text, bar, progress, start)
     if args.shared_prefill:
         if args.press_mode != "once" or any(not isinstance(t, Tier) for t in tiers):
             raise SystemExit("--shared-prefill measures tiers under the once protocol (allowed: --press-mode once, "
@@ -99,8 +114,12 @@ def run(args: argparse.Namespace) -> None:
     print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
 
 
-def _check_depths(args, tiers) -> None:
-    """--depths' tiers, protocol and longest window, refused before the model loads (its context from its config)."""
+def _at_depths(args, tiers, text) -> None:
+    """--depths on the grid runner: a cell per depth (measure/depth_job.py), then a chart per metric against it.
+    Tiers, protocol and the longest window are refused before any model loads (its context from its config)."""
+    from codeckv.grid import run_grid
+    from codeckv.measure.depth_job import DepthJob
+    from codeckv.measure.table import format_table, numbers
     from codeckv.tiers import Tier
 
     if any(not isinstance(t, Tier) for t in tiers) or args.press_mode != "once":
@@ -111,33 +130,27 @@ def _check_depths(args, tiers) -> None:
     if longest > context:
         raise ValueError(f"--depths {max(args.depths)}: {longest} tokens a window, more than {model}'s context of "
                          f"{context}")
-
-
-def _at_depths(args, loaded, tiers, text, bar, progress, start) -> None:
-    """--depths: a shared-prefill run per depth, rows together, a chart per metric against the depth."""
-    from codeckv.measure.quality import as_dicts
-    from codeckv.measure.shared_quality import shared_quality
-    from codeckv.measure.table import format_table, write_csv
-
-    rows = []
-    for depth in args.depths:
-        bar.set_description(f"quality at {depth} tokens")
-        run = shared_quality(loaded, tiers, args.windows, depth + DEPTH_SCORED, depth, args.source, text, progress)
-        rows += as_dicts(run.rows)
-    bar.close()
+    source = "text" if text is not None else args.source
+    job = DepthJob(model, [t.name for t in tiers if t.name not in {f"pca-{b:g}b" for b in args.pca_bits}],
+                   sorted(set(args.depths)), args.windows, source, text, args.pca_bits)
+    stem = f"depth-{file_stem(model)}{'' if source == 'corpus' else f'-{source}'}"
+    out = Path(args.out or f"out/{stem}.csv")
+    start = time.perf_counter()
+    rows = [numbers(row) for row in run_grid(job, out, grid_backend(args), args.update)]
+    if not rows:
+        print("nothing measured")
+        return
     print(format_table(rows, ["prefix_tokens", "tier", "stored_vs_bf16", "kld", "kld_se", "top1_pct", "top1_se",
                               "delta_nll_pct", "delta_nll_se"]))
     where = "a text file" if text is not None else f"the {args.source}"
-    print(f"{args.windows} windows of {where} per depth, the first {'/'.join(map(str, args.depths))} tokens "
-          f"prefilled once and each tier built from them, the next {DEPTH_SCORED} scored; "
-          f"took {time.perf_counter() - start:.1f} s")
-    suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
-    stem = f"depth-{file_stem(loaded.info.name)}{suffix}"
-    written = write_csv(rows, args.out or f"out/{stem}.csv")
-    paths = write_figures(lambda figures: {f"depth_{metric}": figures.depth_figure(rows, metric, loaded.info.name)
+    depths = sorted({int(row["prefix_tokens"]) for row in rows})
+    took = time.perf_counter() - start
+    print(f"{args.windows} windows of {where} per depth, the first {'/'.join(map(str, depths))} tokens prefilled "
+          f"once and each tier built from them, the next {DEPTH_SCORED} scored; took {took:.1f} s")
+    paths = write_figures(lambda figures: {f"depth_{metric}": figures.depth_figure(rows, metric, model)
                                            for metric in ("kld", "top1_pct", "delta_nll_pct")},
                           Path(args.charts or f"out/{stem}"))
-    print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
+    print(f"wrote {out}, " + ", ".join(str(p) for p in paths))
 
 
 def _check_same_native(path: Path, rows: list[dict]) -> None:

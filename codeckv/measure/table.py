@@ -27,7 +27,7 @@ def write_csv(rows: list[dict], path: str | Path) -> Path:
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
-        writer.writerows({k: _counts(v) if isinstance(v, dict) else v for k, v in row.items()} for row in rows)
+        writer.writerows({k: counts_text(v) if isinstance(v, dict) else v for k, v in row.items()} for row in rows)
     return path
 
 
@@ -87,10 +87,10 @@ def _cell(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict):
-        return _counts(value)
+        return counts_text(value)
     return "" if value is None else str(value)
 
 
-def _counts(value: dict) -> str:
+def counts_text(value: dict) -> str:
     """A dict cell as text, e.g. codec layers per attention mode: {"codes": 29, "view": 1} -> "codes 29, view 1"."""
     return ", ".join(f"{key} {item}" for key, item in value.items())

@@ -185,3 +185,14 @@ def test_a_killed_driver_then_ctrl_c_keep_every_row_and_update_resumes(cluster, 
     output = again.communicate(timeout=300)[0]
     assert again.returncode == 0, output
     assert _measured(samples) == serial
+
+
+def test_quality_at_depths_on_two_nodes_gives_the_serial_rows(cluster, tiny_model, tmp_path):
+    from codeckv.grid import Ray
+    from codeckv.measure.depth_job import DepthJob
+
+    job = DepthJob(tiny_model, ["int8", "snapkv-50"], depths=[48, 96, 144], windows=1)
+    run_grid(job, tmp_path / "serial.csv", Local(threads=1))
+    run_grid(job, tmp_path / "cluster.csv", Ray(cluster.address, threads=1))
+    assert _measured(tmp_path / "cluster.csv") == _measured(tmp_path / "serial.csv")
+    assert [row["prefix_tokens"] for row in read_rows(tmp_path / "cluster.csv")] == ["48"] * 3 + ["96"] * 3 + ["144"] * 3

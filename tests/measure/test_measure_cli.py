@@ -148,6 +148,21 @@ def test_quality_at_depths_writes_a_row_per_tier_and_depth_and_a_chart_per_metri
     assert "more than smollm2-135m's context" in capsys.readouterr().err
 
 
+def test_quality_at_depths_resumes_a_cut_csv_with_the_rows_it_lacked(tmp_path, capsys):
+    out = tmp_path / "depth.csv"
+    small = ["quality", "--depths", "48", "96", "--windows", "1", "--tiers", "snapkv-50", "--out", str(out),
+             "--charts", str(tmp_path / "charts")]
+    assert main(small) == 0
+    whole = out.read_text().splitlines()
+    out.write_text("\n".join(whole[:3]) + "\n" + whole[3][:40])  # killed while appending depth 96's rows
+    assert main([*small, "--update"]) == 0
+    assert out.read_text().splitlines() == whole, "depth 96 measured again, to the same rows; depth 48 kept"
+    assert main([*small, "--update", "--windows", "2"]) == 1
+    assert "measured with windows 1, not 2" in capsys.readouterr().err
+    assert main(["quality", "--ray", "--tiers", "int8"]) == 1  # windows: one lockstep batch, not a grid
+    assert "--ray runs --depths' grid" in capsys.readouterr().err
+
+
 def test_a_length_past_the_context_is_refused_before_the_model_loads(monkeypatch, capsys):
     import codeckv.models
 

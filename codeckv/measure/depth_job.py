@@ -1,0 +1,58 @@
+"""Quality at depth as grid cells (codeckv/grid/): a cell is one depth, every window prefilled once and each tier built.
+
+    job = DepthJob("smollm2-135m", ["int8", "snapkv-50"], depths=[1024, 4096], windows=4)
+    run_grid(job, Path("out/depth-smollm2-135m.csv"), Ray())     # rows: quality_row's columns per tier + node
+
+A cell is measure/shared_quality.py's run at one depth: `windows` windows of depth + 256 tokens, the first `depth`
+prefilled natively once, every tier built from that prefill and the next 256 teacher-forced; its rows are native's
+and each tier's, with the spread over windows and llama.cpp's yardstick inside. A depth's rows are the same computation
+wherever it runs (on one worker, all of them); `--update` adds the depths the CSV lacks (new tiers take a new CSV:
+every row of a depth is against the same native run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from codeckv.grid.job import Cell, CellWorker, Row
+
+DEPTH_SCORED = 256  # tokens scored after each compressed prefix
+
+
+@dataclass
+class DepthJob:
+    model: str
+    tiers: list[str]  # preset, press+tier or tier-skipN names (get_tier); native is always measured
+    depths: list[int]  # tokens prefilled per window before the scored ones
+    windows: int = 4
+    source: str = "corpus"  # "corpus", "docstrings" or "bible"; "text" with `text` (the rows' label)
+    text: str | None = None
+    pca_bits: list[float] = field(default_factory=list)  # PCA tiers at these bits per element too
+    name: str = "quality at depth"
+    key: tuple[str, ...] = ("prefix_tokens",)
+    same: tuple[str, ...] = ("source", "windows")
+
+    def order(self) -> list[tuple]:
+        return [(str(depth),) for depth in self.depths]
+
+    def cells(self, kept: list[Row]) -> list[Cell]:
+        have = {str(row["prefix_tokens"]) for row in kept}
+        return [{"prefix_tokens": int(depth)} for (depth,) in self.order() if depth not in have]
+
+    def open(self) -> CellWorker:
+        from codeckv.measure.quality import as_dicts
+        from codeckv.measure.shared_quality import shared_quality
+        from codeckv.measure.table import counts_text
+        from codeckv.models import load_model
+        from codeckv.tiers import get_tier, pca_tier
+
+        loaded = load_model(self.model)
+        tiers = [get_tier(name) for name in self.tiers] + [pca_tier(bits) for bits in self.pca_bits]
+
+        def rows(cell: Cell) -> list[Row]:
+            depth = cell["prefix_tokens"]
+            run = shared_quality(loaded, tiers, self.windows, depth + DEPTH_SCORED, depth, self.source, self.text)
+            return [{column: counts_text(value) if isinstance(value, dict) else value for column, value in row.items()}
+                    for row in as_dicts(run.rows)]
+
+        return rows
