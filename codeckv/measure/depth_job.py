@@ -6,8 +6,8 @@
 A cell is measure/shared_quality.py's run at one depth: `windows` windows of depth + 256 tokens, the first `depth`
 prefilled natively once, every tier built from that prefill and the next 256 teacher-forced; its rows are native's
 and each tier's, with the spread over windows and llama.cpp's yardstick inside. A depth's rows are the same computation
-wherever it runs (on one worker, all of them); `--update` adds the depths the CSV lacks (new tiers take a new CSV:
-every row of a depth is against the same native run).
+wherever it runs (on one worker, all of them); `--update` adds the depths the CSV lacks and refuses one whose depths
+hold other tiers (new tiers take a new CSV: every row of a depth is against the same native run).
 """
 
 from __future__ import annotations
@@ -36,7 +36,15 @@ class DepthJob:
         return [(str(depth),) for depth in self.depths]
 
     def cells(self, kept: list[Row]) -> list[Cell]:
-        have = {str(row["prefix_tokens"]) for row in kept}
+        """The depths the CSV lacks; a CSV whose depths hold other tiers is refused (a depth runs whole)."""
+        names = {"native", *self.tiers, *(f"pca-{bits:g}b" for bits in self.pca_bits)}
+        have: dict[str, set[str]] = {}
+        for row in kept:
+            have.setdefault(str(row["prefix_tokens"]), set()).add(row["tier"])
+        for depth, tiers in have.items():
+            if tiers != names:
+                raise ValueError(f"the CSV's depth {depth} holds the tiers {', '.join(sorted(tiers))}, not "
+                                 f"{', '.join(sorted(names))}: --update adds depths, not tiers; write a new CSV")
         return [{"prefix_tokens": int(depth)} for (depth,) in self.order() if depth not in have]
 
     def open(self) -> CellWorker:

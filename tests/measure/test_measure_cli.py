@@ -159,6 +159,8 @@ def test_quality_at_depths_resumes_a_cut_csv_with_the_rows_it_lacked(tmp_path, c
     assert out.read_text().splitlines() == whole, "depth 96 measured again, to the same rows; depth 48 kept"
     assert main([*small, "--update", "--windows", "2"]) == 1
     assert "measured with windows 1, not 2" in capsys.readouterr().err
+    assert main([*small, "--update", "--tiers", "int8"]) == 1
+    assert "--update adds depths, not tiers" in capsys.readouterr().err
     assert main(["quality", "--ray", "--tiers", "int8"]) == 1  # windows: one lockstep batch, not a grid
     assert "--ray runs --depths' grid" in capsys.readouterr().err
 
