@@ -67,11 +67,11 @@ def run(args: argparse.Namespace) -> None:
     from codeckv.measure.table import format_table, merge_rows, numbers, write_csv
     from codeckv.tiers import TIERS, Tier, pca_tier
 
-    tiers = [run_for(name) for name in args.tiers or [*TIERS, *PEER_NAMES]]
-    tiers += [pca_tier(bits) for bits in args.pca_bits]
+    named = [run_for(name) for name in args.tiers or [*TIERS, *PEER_NAMES]]
+    tiers = named + [pca_tier(bits) for bits in args.pca_bits]
     text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
     if args.depths:
-        return _at_depths(args, tiers, text)
+        return _at_depths(args, named, text)
     if args.ray is not None:
         raise ValueError("--ray runs --depths' grid (a cell per depth); a run over windows is one lockstep batch in "
                          "one process: leave out --ray, or give --depths")
@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> None:
 
 def _at_depths(args, tiers, text) -> None:
     """--depths on the grid runner: a cell per depth (measure/depth_job.py), then a chart per metric against it.
-    Tiers, protocol and the longest window are refused before any model loads (its context from its config)."""
+    `tiers` are the named ones (the job adds --pca-bits' own); tiers, protocol and the longest window are refused
+    before any model loads (its context from its config)."""
     from codeckv.grid import run_grid
     from codeckv.measure.depth_job import DepthJob
     from codeckv.measure.table import format_table, numbers
@@ -131,8 +132,8 @@ def _at_depths(args, tiers, text) -> None:
         raise ValueError(f"--depths {max(args.depths)}: {longest} tokens a window, more than {model}'s context of "
                          f"{context}")
     source = "text" if text is not None else args.source
-    job = DepthJob(model, [t.name for t in tiers if t.name not in {f"pca-{b:g}b" for b in args.pca_bits}],
-                   sorted(set(args.depths)), args.windows, source, text, args.pca_bits)
+    job = DepthJob(model, [t.name for t in tiers], sorted(set(args.depths)), args.windows, source, text,
+                   args.pca_bits)
     stem = f"depth-{file_stem(model)}{'' if source == 'corpus' else f'-{source}'}"
     out = Path(args.out or f"out/{stem}.csv")
     start = time.perf_counter()
