@@ -26,7 +26,8 @@ HELP = "per tier: bytes vs bf16, KLD, top-1 and ΔNLL%% with their spread"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--windows", type=positive, default=4, help="text windows (default 4)")
+    parser.add_argument("--windows", type=positive, default=4,
+                        help="text windows (default 4); with --ray a window is a cell of codeckv/grid/'s runner")
     parser.add_argument("--length", type=positive, default=512, help="tokens per window (default 512)")
     parser.add_argument("--prefix", type=positive,
                         help="tokens prefilled per window before the scored ones, the context a press evicts from "
@@ -51,44 +52,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "every depth's rows (prefix_tokens) and a chart per metric against depth; a depth is a "
                              "cell of codeckv/grid/'s runner: --ray, --threads, --update resume")
     add_grid_arguments(parser)
-    parser.add_argument("--out", help="CSV path (default out/quality-<model>[-<source>].csv; with --depths "
-                                      "out/depth-<model>[-<source>].csv, written as each depth finishes)")
+    parser.add_argument("--out", help="CSV path (default out/quality-<model>[-<source>].csv; with --ray, each window's "
+                                      "rows go to <out>-windows.csv as it finishes, removed once the table is "
+                                      "written; with --depths out/depth-<model>[-<source>].csv, written as each "
+                                      "depth finishes)")
     parser.add_argument("--update", action="store_true",
                         help="keep the other rows of the CSV at --out (measured on the same text, windows and length "
-                             "against the same native run) and replace or add these tiers' rows; with --depths, keep "
-                             "its depths and measure only those it lacks")
+                             "against the same native run) and replace or add these tiers' rows; with --ray, also "
+                             "resume the windows <out>-windows.csv holds; with --depths, keep its depths and measure "
+                             "only those it lacks")
     parser.add_argument("--charts", help="folder for the HTML charts (default out/quality-<model>[-<source>])")
 
 
 def run(args: argparse.Namespace) -> None:
     from codeckv.measure.peers import PEER_NAMES, run_for
-    from codeckv.measure.quality import as_dicts, measure_quality
-    from codeckv.measure.shared_quality import shared_quality
+    from codeckv.measure.quality import as_dicts
     from codeckv.measure.table import format_table, merge_rows, numbers, write_csv
-    from codeckv.tiers import TIERS, Tier, pca_tier
+    from codeckv.tiers import TIERS, pca_tier
 
     named = [run_for(name) for name in args.tiers or [*TIERS, *PEER_NAMES]]
-    tiers = named + [pca_tier(bits) for bits in args.pca_bits]
     text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
     if args.depths:
         return _at_depths(args, named, text)
-    if args.ray is not None:
-        raise ValueError("--ray runs --depths' grid (a cell per depth); a run over windows is one lockstep batch in "
-                         "one process: leave out --ray, or give --depths")
-    set_threads(args.threads)
-    loaded = load(args)
-    bar, progress = forward_bar("quality")
     start = time.perf_counter()
-    if args.shared_prefill:
-        if args.press_mode != "once" or any(not isinstance(t, Tier) for t in tiers):
-            raise SystemExit("--shared-prefill measures tiers under the once protocol (allowed: --press-mode once, "
-                             "tier names only, no peers)")
-        result = shared_quality(loaded, tiers, args.windows, args.length, args.prefix or (args.length + 1) // 2,
-                                args.source, text, progress)
+    model, stem = _stem(args, text)
+    out = Path(args.out or f"out/{stem}.csv")
+    if args.ray is None:
+        result = _in_one_batch(args, named + [pca_tier(bits) for bits in args.pca_bits], text)
     else:
-        result = measure_quality(loaded, tiers, args.windows, args.length, args.source, text, progress, args.prefix,
-                                 args.press_mode)
-    bar.close()
+        result, windows_csv = _on_the_grid(args, model, named, text, out)
     rows = as_dicts(result.rows)
     columns = ["tier", "stored_vs_bf16", "ratio_vs_bf16", "held_bytes", "kld", "kld_se", "kld_p99", "kld_max",
                "top1_pct", "top1_se", "delta_nll_pct", "delta_nll_se", "dp_rms"]
@@ -100,18 +92,68 @@ def run(args: argparse.Namespace) -> None:
     protocol = f"; presses: {args.press_mode} ({PRESS_MODE_MEANING[args.press_mode]})" if presses else ""
     print(f"{args.windows} windows x {args.length} tokens of {where}, {result.reference.prefix} prefilled and "
           f"{result.reference.positions} scored each{protocol}; took {time.perf_counter() - start:.1f} s")
-    suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
-    stem = f"quality-{file_stem(loaded.info.name)}{suffix}"
-    out = Path(args.out or f"out/{stem}.csv")
     merged = args.update and out.exists()
     if merged:
         _check_same_native(out, rows)
         rows = merge_rows(out, rows, [*TIERS, *PEER_NAMES],
                           same=("source", "windows", "tokens_per_window", "prefix_tokens"))
     written = write_csv(rows, out)  # before the charts: numbers never hang on figures
+    if args.ray is not None:
+        windows_csv.unlink()  # a run in progress is over: its table holds what it measured
     points = [numbers(row) for row in rows] if merged else None  # the Pareto charts show the whole table
     paths = write_figures(lambda figures: figures.quality_figures(result, points), Path(args.charts or f"out/{stem}"))
     print(f"wrote {written}, " + ", ".join(str(p) for p in paths))
+
+
+def _stem(args, text) -> tuple[str, str]:
+    """--model's name and the file stem of its table and charts: quality-<model>[-<source>]."""
+    from codeckv.models import DEFAULT_MODEL
+
+    model = args.model or DEFAULT_MODEL
+    suffix = "" if text is None and args.source == "corpus" else f"-{'text' if text is not None else args.source}"
+    return model, f"quality-{file_stem(model)}{suffix}"
+
+
+def _in_one_batch(args, tiers, text):
+    """The windows fed together in one process: lockstep (measure/quality.py) or one prefill (--shared-prefill)."""
+    from codeckv.measure.quality import measure_quality
+    from codeckv.measure.shared_quality import shared_quality
+    from codeckv.tiers import Tier
+
+    set_threads(args.threads)
+    loaded = load(args)
+    bar, progress = forward_bar("quality")
+    if args.shared_prefill:
+        if args.press_mode != "once" or any(not isinstance(t, Tier) for t in tiers):
+            raise SystemExit("--shared-prefill measures tiers under the once protocol (allowed: --press-mode once, "
+                             "tier names only, no peers)")
+        result = shared_quality(loaded, tiers, args.windows, args.length, args.prefix or (args.length + 1) // 2,
+                                args.source, text, progress)
+    else:
+        result = measure_quality(loaded, tiers, args.windows, args.length, args.source, text, progress, args.prefix,
+                                 args.press_mode)
+    bar.close()
+    return result
+
+
+def _on_the_grid(args, model: str, tiers, text, out: Path):
+    """--ray over windows: a cell per window on the grid runner (measure/window_job.py), its rows appended to
+    <out>-windows.csv as each window ends (--update resumes them), the table combined from them when all are in.
+    Returns the run and that CSV; the text, windows and protocol are refused before any model loads."""
+    from codeckv.grid import run_grid
+    from codeckv.measure.window_job import WindowJob
+    from codeckv.models import model_tokenizer
+
+    if args.shared_prefill:
+        raise ValueError("--ray feeds each window in lockstep (a cell per window): leave out --shared-prefill")
+    source = "text" if text is not None else args.source
+    job = WindowJob(model, [t.name for t in tiers], args.windows, args.length, args.prefix or (args.length + 1) // 2,
+                    source, text, args.press_mode, args.pca_bits)
+    tokenizer = model_tokenizer(model)
+    job.reference_windows(tokenizer)  # a text too short for the windows is refused here, not in every worker
+    windows_csv = out.with_name(f"{out.stem}-windows.csv")
+    rows = run_grid(job, windows_csv, grid_backend(args), args.update)
+    return job.combine(rows, tokenizer), windows_csv
 
 
 def _at_depths(args, tiers, text) -> None:

@@ -6,8 +6,9 @@
 A cell is measure/shared_quality.py's run at one depth: `windows` windows of depth + 256 tokens, the first `depth`
 prefilled natively once, every tier built from that prefill and the next 256 teacher-forced; its rows are native's
 and each tier's, with the spread over windows and llama.cpp's yardstick inside. A depth's rows are the same computation
-wherever it runs (on one worker, all of them); `--update` adds the depths the CSV lacks and refuses one whose depths
-hold other tiers (new tiers take a new CSV: every row of a depth is against the same native run).
+wherever it runs (on one worker, all of them); `--update` adds the depths the CSV lacks and, at the depths it has, the
+tiers it lacks (a kill cut them short, or the run before did not ask for them): their cell prefills native again, the
+same computation as the native rows kept, so every row of a depth is against the same native run.
 """
 
 from __future__ import annotations
@@ -36,16 +37,17 @@ class DepthJob:
         return [(str(depth),) for depth in self.depths]
 
     def cells(self, kept: list[Row]) -> list[Cell]:
-        """The depths the CSV lacks; a CSV whose depths hold other tiers is refused (a depth runs whole)."""
-        names = {"native", *self.tiers, *(f"pca-{bits:g}b" for bits in self.pca_bits)}
-        have: dict[str, set[str]] = {}
-        for row in kept:
-            have.setdefault(str(row["prefix_tokens"]), set()).add(row["tier"])
-        for depth, tiers in have.items():
-            if tiers != names:
-                raise ValueError(f"the CSV's depth {depth} holds the tiers {', '.join(sorted(tiers))}, not "
-                                 f"{', '.join(sorted(names))}: --update adds depths, not tiers; write a new CSV")
-        return [{"prefix_tokens": int(depth)} for (depth,) in self.order() if depth not in have]
+        """Each depth the CSV lacks, with the tiers it lacks there: every one, or those a kill cut short or a run
+        before did not have (measured from a native prefill of their own, the same computation as native's rows
+        already kept). Rows of tiers not asked for stay."""
+        names = list(dict.fromkeys(["native", *self.tiers, *(f"pca-{bits:g}b" for bits in self.pca_bits)]))
+        have = {(str(row["prefix_tokens"]), row["tier"]) for row in kept}
+        cells = []
+        for (depth,) in self.order():
+            missing = [name for name in names if (depth, name) not in have]
+            if missing:
+                cells.append({"prefix_tokens": int(depth), "tiers": missing})
+        return cells
 
     def open(self) -> CellWorker:
         from codeckv.measure.quality import as_dicts
@@ -55,12 +57,13 @@ class DepthJob:
         from codeckv.tiers import get_tier, pca_tier
 
         loaded = load_model(self.model)
-        tiers = [get_tier(name) for name in self.tiers] + [pca_tier(bits) for bits in self.pca_bits]
+        tiers = {t.name: t for t in [*map(get_tier, self.tiers), *map(pca_tier, self.pca_bits)]}
 
         def rows(cell: Cell) -> list[Row]:
-            depth = cell["prefix_tokens"]
-            run = shared_quality(loaded, tiers, self.windows, depth + DEPTH_SCORED, depth, self.source, self.text)
+            depth, wanted = cell["prefix_tokens"], cell["tiers"]
+            run = shared_quality(loaded, [tiers[name] for name in wanted if name in tiers] or [get_tier("native")],
+                                 self.windows, depth + DEPTH_SCORED, depth, self.source, self.text)
             return [{column: counts_text(value) if isinstance(value, dict) else value for column, value in row.items()}
-                    for row in as_dicts(run.rows)]
+                    for row in as_dicts(run.rows) if row["tier"] in wanted]
 
         return rows

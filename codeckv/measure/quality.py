@@ -8,6 +8,7 @@
     run = measure_quality(loaded, ["turbo-4", "hf-quanto-int4"])                          # a peer beside a tier
     run.absent      # one line per peer that cannot run here (codeckv/measure/peers.py), instead of its row
     run = measure_quality(loaded, ["snapkv-50"], windows=4, length=1280, prefix=1024)     # a press: 1,024 pressed
+    run = measure_quality(loaded, ["turbo-4"], windows=8, window=3)                       # the 4th of 8 windows only
 
 A press evicts from the prefix (the context) under the cache's press protocol (`press_mode`, codeckv/presses/base.py):
 "once", kvpress's (the prefix prefilled in one forward and pressed after it; what follows is not), or "chunked" (the
@@ -44,6 +45,7 @@ from codeckv.measure.peers import ATTENTION as PEER_ATTENTION
 from codeckv.measure.peers import Peer, absent_reason, make_peer_cache, packing_reason, peer_footprint
 from codeckv.measure.runs import attention_counts
 from codeckv.measure.side_by_side import PREFILL_CHUNK
+from codeckv.measure.table import counts_of
 from codeckv.measure.yardstick import Yardstick, yardstick
 from codeckv.presses import check_press_mode
 from codeckv.tiers import TIERS, Tier
@@ -96,6 +98,7 @@ class QualityRun:
     scores: dict[str, Scores]  # tier name -> per-position metrics
     scored_tokens: list[str]  # window 0's scored tokens as text (chart hover)
     absent: list[str] = field(default_factory=list)  # one line per peer asked for that cannot run here
+    llamacpp: LlamaCppQuality | None = None  # llama.cpp's types' own run (its f16 reference and their scores)
 
 
 def measure_quality(
@@ -108,10 +111,12 @@ def measure_quality(
     progress: Progress | None = None,
     prefix: int | None = None,
     press_mode: str = "once",
+    window: int | None = None,
 ) -> QualityRun:
     """Native and each tier or peer in lockstep, on `windows` windows of `length` tokens of `text` or the named source.
 
-    prefix: tokens prefilled before the scored ones (default half the window); press_mode: a press's protocol.
+    prefix: tokens prefilled before the scored ones (default half the window); press_mode: a press's protocol;
+    window: measure only this one of the `windows` consecutive windows (a grid cell: measure/window_job.py).
 
     A peer that cannot run here (its package missing, a hybrid model) gets no row but a line in `absent`.
     llama.cpp's KV types (measure/llamacpp.py) run in llama.cpp on the same token ids and protocol after the others,
@@ -123,8 +128,11 @@ def measure_quality(
     prefix = (length + 1) // 2 if prefix is None else prefix  # a peer quantizes these at once, then its window
     if not 1 <= prefix <= length - 1:
         raise ValueError(f"prefix={prefix} must leave scored tokens in a window of {length} (allowed: 1..{length - 1})")
+    if window is not None and not 0 <= window < windows:
+        raise ValueError(f"window {window} of {windows} (allowed: 0..{windows - 1})")
+    fed = windows if window is None else 1  # the windows fed together
     heads, dim = loaded.info.num_kv_heads, loaded.info.head_dim
-    reasons = {t.name: absent_reason(t, loaded.info) or (packing_reason(t, windows, heads, prefix, dim)
+    reasons = {t.name: absent_reason(t, loaded.info) or (packing_reason(t, fed, heads, prefix, dim)
                                                          if isinstance(t, Peer) else None)
                for t in tiers if isinstance(t, Peer | LlamaCppPeer)}
     tiers = [t for t in tiers if not reasons.get(t.name)]
@@ -133,11 +141,12 @@ def measure_quality(
     label = "text" if text is not None else source
     data = text_windows(loaded.tokenizer, text if text is not None else source_text(source), windows,
                         length + 1, "the text" if text is not None else f"the {source}")
+    data = data if window is None else data[window : window + 1]
     runs = [TIERS["native"], *(t for t in tiers if not t.is_native)]  # native first: the reference
-    size = stack_size(loaded.info, windows, length + 1)
+    size = stack_size(loaded.info, fed, length + 1)
     groups = [runs[i : i + size] for i in range(0, len(runs), size)]
     llama_runs = len({LLAMACPP_REFERENCE.name, *(t.name for t in llama)}) if llama else 0
-    total = (len(groups) + llama_runs * windows) * (length - prefix)  # a forward per scored position and batch
+    total = (len(groups) + llama_runs * fed) * (length - prefix)  # a forward per scored position and batch
     done = 0
 
     def step(message: str) -> Callable[[], None]:
@@ -161,14 +170,15 @@ def measure_quality(
             scores[tier.name], caches[tier.name] = tier_scores, cache
     rows = [quality_row(tier, reference, scores[tier.name], caches[tier.name], label, length, press_mode)
             for tier in runs]
+    run = None
     if llama:
         base = done
         report = (lambda n, _, name: progress(base + n, total, f"llama.cpp {name}")) if progress else None
         run = score_llamacpp(data, llama, prefix, loaded.info.name, progress=report)
         layers = len(loaded.info.layer_types)
-        rows += [_llamacpp_row(get_llamacpp_peer(name), run, layers, label, windows, length) for name in run.scores]
+        rows += [_llamacpp_row(get_llamacpp_peer(name), run, layers, label, fed, length) for name in run.scores]
     tokens = [loaded.tokenizer.decode([t]) for t in reference.targets[0].tolist()]
-    return QualityRun(rows, reference, scores, tokens, [reason for reason in reasons.values() if reason])
+    return QualityRun(rows, reference, scores, tokens, [reason for reason in reasons.values() if reason], run)
 
 
 def stored_vs_bf16(row: dict) -> float:
@@ -219,6 +229,33 @@ def quality_row(tier: Tier | Peer, reference: Reference, scores: Scores, cache, 
         yardstick=yardstick(reference, scores),
         prefix_tokens=reference.prefix,
         press_mode=press_mode if getattr(tier, "evicts", False) else "",
+    )
+
+
+def combined_row(window_rows: list[dict], references: dict[str, Reference], scores: Scores) -> QualityRow:
+    """A tier's row over windows measured one at a time (measure/window_job.py): `window_rows` its one-window rows
+    as read back from a CSV, `scores` their per-position scores stacked (W, positions), `references` by the rows'
+    `reference` label. Bytes and ratios are the windows' mean; KLD, top-1, ΔNLL and the yardstick are computed from
+    the scores as quality_row computes them."""
+    first, windows = window_rows[0], len(window_rows)
+    reference = references[first["reference"]]
+    stats = compare(reference, scores)
+
+    def mean(column: str, kind=float):
+        values = [row[column] for row in window_rows]
+        return None if any(v in ("", None) for v in values) else kind(sum(kind(v) for v in values) / windows)
+
+    return QualityRow(
+        tier=first["tier"], description=first["description"], archive_bytes=mean("archive_bytes", int),
+        bf16_bytes=mean("bf16_bytes", int), held_bytes=mean("held_bytes", int), attention=counts_of(first["attention"]),
+        ratio_vs_bf16=mean("ratio_vs_bf16"), steady_state_ratio=mean("steady_state_ratio"),
+        kept_share=mean("kept_share"), stored_vs_bf16=mean("stored_vs_bf16"), kld=stats.kld.mean,
+        kld_se=stats.kld.se, top1_pct=stats.top1_pct.mean, top1_se=stats.top1_pct.se, nll=stats.nll,
+        delta_nll_pct=stats.delta_nll_pct.mean, delta_nll_se=stats.delta_nll_pct.se,
+        entropy_coded_bytes=mean("entropy_coded_bytes", int), source=first["source"], windows=windows,
+        tokens_per_window=int(first["tokens_per_window"]), scored_positions=reference.positions,
+        yardstick=yardstick(reference, scores), reference=first["reference"], prefix_tokens=reference.prefix,
+        press_mode=first["press_mode"],
     )
 
 

@@ -94,3 +94,8 @@ def _cell(value) -> str:
 def counts_text(value: dict) -> str:
     """A dict cell as text, e.g. codec layers per attention mode: {"codes": 29, "view": 1} -> "codes 29, view 1"."""
     return ", ".join(f"{key} {item}" for key, item in value.items())
+
+
+def counts_of(text: str) -> dict[str, int]:
+    """counts_text's dict back: "codes 29, view 1" -> {"codes": 29, "view": 1} ("" -> {})."""
+    return {key: int(item) for key, _, item in (part.rpartition(" ") for part in text.split(", ") if part)}

@@ -197,3 +197,29 @@ def test_quality_at_depths_on_two_nodes_gives_the_serial_rows(cluster, tiny_mode
     assert _measured(tmp_path / "cluster.csv") == _measured(tmp_path / "serial.csv")
     depths = [row["prefix_tokens"] for row in read_rows(tmp_path / "cluster.csv")]
     assert depths == ["48"] * 3 + ["96"] * 3 + ["144"] * 3, "native and two tiers a depth, in the grid's order"
+
+
+def test_quality_over_windows_on_two_nodes_gives_the_serial_rows_and_the_command_resumes_them(cluster, tiny_model,
+                                                                                               tmp_path):
+    from codeckv.cli import main
+    from codeckv.grid import Ray
+    from codeckv.measure.quality import as_dicts
+    from codeckv.measure.table import write_csv
+    from codeckv.measure.window_job import WindowJob
+    from codeckv.models import model_tokenizer
+
+    job = WindowJob(tiny_model, ["int8", "snapkv-50"], windows=3, length=96, prefix=48)
+    run_grid(job, tmp_path / "serial.csv", Local(threads=1))
+    run_grid(job, tmp_path / "cluster.csv", Ray(cluster.address, threads=1))
+    assert _measured(tmp_path / "cluster.csv") == _measured(tmp_path / "serial.csv")
+    table = job.combine(read_rows(tmp_path / "serial.csv"), model_tokenizer(tiny_model))
+    write_csv(as_dicts(table.rows), tmp_path / "want.csv")
+    lines = (tmp_path / "serial.csv").read_text().splitlines()
+    windows = tmp_path / "q-windows.csv"
+    windows.write_text("\n".join(lines[:8]) + "\n" + lines[8][:40])  # killed while appending window 2's int8 row
+    command = ["quality", "--model", tiny_model, "--ray", cluster.address, "--windows", "3", "--length", "96",
+               "--prefix", "48", "--tiers", "int8", "snapkv-50", "--out", str(tmp_path / "q.csv"), "--charts",
+               str(tmp_path / "charts")]
+    assert main([*command, "--update"]) == 0
+    assert read_rows(tmp_path / "q.csv") == read_rows(tmp_path / "want.csv"), "window 2's two tiers measured again"
+    assert not windows.exists(), "the windows' CSV is a run in progress: gone once its table is written"

@@ -159,10 +159,13 @@ def test_quality_at_depths_resumes_a_cut_csv_with_the_rows_it_lacked(tmp_path, c
     assert out.read_text().splitlines() == whole, "depth 96 measured again, to the same rows; depth 48 kept"
     assert main([*small, "--update", "--windows", "2"]) == 1
     assert "measured with windows 1, not 2" in capsys.readouterr().err
-    assert main([*small, "--update", "--tiers", "int8"]) == 1
-    assert "--update adds depths, not tiers" in capsys.readouterr().err
-    assert main(["quality", "--ray", "--tiers", "int8"]) == 1  # windows: one lockstep batch, not a grid
-    assert "--ray runs --depths' grid" in capsys.readouterr().err
+    assert main([*small, "--update", "--tiers", "snapkv-50", "int8"]) == 0
+    with out.open() as f:
+        cells = [(row["prefix_tokens"], row["tier"]) for row in csv.DictReader(f)]
+    assert cells == [(depth, tier) for depth in ("48", "96") for tier in ("native", "snapkv-50", "int8")]
+    assert set(whole) <= set(out.read_text().splitlines()), "--update adds a tier to each depth, keeping its rows"
+    assert main(["quality", "--ray", "--shared-prefill", "--tiers", "int8"]) == 1  # windows on the grid: lockstep
+    assert "--ray feeds each window in lockstep" in capsys.readouterr().err
 
 
 def test_a_length_past_the_context_is_refused_before_the_model_loads(monkeypatch, capsys):

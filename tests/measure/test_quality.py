@@ -109,3 +109,42 @@ def test_memory_cli_measures_each_row_in_its_own_process(tmp_path, capsys):
     assert float(rows["view"]["held_vs_native"]) == 1, "512 tokens beside a view: held raw, as native holds them"
     assert rows["view"]["at_rest_bytes"] == rows["view"]["archive_bytes"]
     assert {p.name for p in charts.glob("*.html")} == {"memory-held.html", "memory-process-peak.html"}
+
+
+def test_windows_measured_one_at_a_time_combine_into_the_table_of_one_batch(loaded, tmp_path):
+    """`quality --ray`'s cells (measure/window_job.py): each window fed alone, its rows read back from the CSV as
+    text, combined into the table that one batch of every window gives: bytes exactly, the scores, their spread and
+    llama.cpp's pooled percentiles within the noise of another batch size (the test above's bounds)."""
+    from codeckv.grid import Local, run_grid
+    from codeckv.grid.runner import kept_rows, read_rows
+    from codeckv.measure.window_job import WindowJob
+
+    job = WindowJob(loaded.info.name, ["int8", "snapkv-50"], windows=3, length=64, prefix=32)
+    out = tmp_path / "windows.csv"
+    run_grid(job, out, Local(threads=1))
+    assert [(row["window"], row["tier"]) for row in read_rows(out)] == [
+        (str(w), tier) for w in range(3) for tier in ("native", "int8", "snapkv-50")]
+    combined = {row.tier: row for row in job.combine(read_rows(out), loaded.tokenizer).rows}
+    batch = measure_quality(loaded, [TIERS["int8"], TIERS["snapkv-50"]], windows=3, length=64, prefix=32).rows
+    assert list(combined) == [row.tier for row in batch]
+    one_position = 100.0 / (3 * 32)
+    for want in batch:
+        got = combined[want.tier]
+        assert (got.archive_bytes, got.bf16_bytes, got.held_bytes, got.attention, got.windows, got.scored_positions) \
+            == (want.archive_bytes, want.bf16_bytes, want.held_bytes, want.attention, 3, 32), want.tier
+        assert got.stored_vs_bf16 == pytest.approx(want.stored_vs_bf16, rel=1e-12), want.tier
+        assert got.kld == pytest.approx(want.kld, rel=SPLIT_KLD_REL, abs=1e-9), want.tier
+        # a window's mean KLD moves by at most a position's: 5e-6, the bound of a cache alone vs stacked (testing.md)
+        assert got.kld_se == pytest.approx(want.kld_se, rel=SPLIT_KLD_REL, abs=5e-6), want.tier
+        for name, value in want.yardstick.kld.items():
+            assert got.yardstick.kld[name] == pytest.approx(value, rel=SPLIT_KLD_REL, abs=1e-6), name
+        for name, value in want.yardstick.dp.items():
+            assert got.yardstick.dp[name] == pytest.approx(value, abs=1e-4), name
+        assert got.delta_nll_pct == pytest.approx(want.delta_nll_pct, abs=SPLIT_DELTA_NLL_POINTS), want.tier
+        assert got.top1_pct == pytest.approx(want.top1_pct, abs=one_position + 1e-9), "a near-tie may flip, no more"
+    assert combined["snapkv-50"].kld > combined["int8"].kld > 0.0 == combined["native"].kld
+    with pytest.raises(ValueError, match="measured with run_tiers native int8 snapkv-50, not native int8"):
+        run_grid(WindowJob(loaded.info.name, ["int8"], windows=3, length=64, prefix=32), out, Local(), update=True)
+    cut = out.read_text().splitlines()
+    out.write_text("\n".join(cut[:8]) + "\n" + cut[8][:50])  # killed while appending window 2's int8 row
+    assert job.cells(kept_rows(job, out, update=True)) == [{"window": 2, "tiers": ["int8", "snapkv-50"]}]
