@@ -16,8 +16,10 @@ from codeckv.measure.sweep import Sweep
 
 
 def worst_tier(result: Sweep | QualityRun) -> str:
-    """The tier with the largest KL divergence: the one whose per-token chart is shown first."""
-    rows = [r for r in result.rows if r.tier != "native"] or result.rows
+    """The tier with the largest KL divergence among those with per-token scores (a quality run's llama.cpp rows are
+    scored in llama.cpp, against its own f16): the one whose per-token chart is shown first."""
+    rows = [r for r in result.rows if r.tier != "native"
+            and (not isinstance(result, QualityRun) or r.tier in result.scores)] or result.rows[:1]
     return max(rows, key=lambda r: r.kld).tier
 
 

@@ -81,14 +81,16 @@ class WindowJob:
         return " ".join(self.names())
 
     def names(self) -> list[str]:
-        """Every row's tier name in a window: native, the tiers, the PCA frontier's, llama.cpp's f16 with its types."""
+        """Every row's tier name in a window, in a serial run's order: native, the tiers and peers, the PCA
+        frontier's, then llama.cpp's f16 and its types."""
         from codeckv.measure.llamacpp import LLAMACPP_REFERENCE, LlamaCppPeer
         from codeckv.measure.peers import run_for
 
         runs = [run_for(name) for name in self.tiers]
-        llama = [LLAMACPP_REFERENCE.name] if any(isinstance(t, LlamaCppPeer) for t in runs) else []
-        return list(dict.fromkeys(["native", *(t.name for t in runs), *(f"pca-{b:g}b" for b in self.pca_bits),
-                                   *llama]))
+        llama = [t.name for t in runs if isinstance(t, LlamaCppPeer)]
+        return list(dict.fromkeys(["native", *(t.name for t in runs if not isinstance(t, LlamaCppPeer)),
+                                   *(f"pca-{b:g}b" for b in self.pca_bits),
+                                   *([LLAMACPP_REFERENCE.name, *llama] if llama else [])]))
 
     def order(self) -> list[tuple]:
         return [(str(window),) for window in range(self.windows)]

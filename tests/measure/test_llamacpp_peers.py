@@ -7,6 +7,7 @@ import importlib.util
 import pytest
 
 from codeckv.cli import main
+from codeckv.figures import quality_figures, worst_tier
 from codeckv.measure.llamacpp import LLAMACPP_PEERS, llamacpp_absent_reason
 from codeckv.measure.needle import needle_grid
 from codeckv.measure.peers import run_for
@@ -33,6 +34,26 @@ def test_quality_rows_of_llamacpp_are_against_its_own_f16(loaded):
     assert table[3][0] == "llamacpp-q8_0 (vs llama.cpp f16)", "every table says what the row is against"
     assert as_dicts(run.rows)[3]["reference"] == LLAMACPP_REFERENCE_LABEL
     assert "llamacpp-q8_0" not in run.scores, "per-token charts compare with transformers' native only"
+    assert q4.kld > rows["turbo-4"].kld and worst_tier(run) == "turbo-4", "the worst tier with a per-token chart"
+    assert "turbo-4" in quality_figures(run)["token_kld"].layout.title.text
+
+
+@installed
+def test_llamacpp_rows_combine_over_windows_measured_apart(loaded, tmp_path):
+    """quality --ray's cells (measure/window_job.py) carry llama.cpp's rows with their per-position scores against
+    its own f16: combined, the rows of one run over both windows."""
+    from codeckv.grid import Local, run_grid
+    from codeckv.measure.window_job import WindowJob
+
+    job = WindowJob(loaded.info.name, ["llamacpp-q4_0"], windows=2, length=48, prefix=24)
+    combined = {r.tier: r for r in job.combine(run_grid(job, tmp_path / "w.csv", Local(1)), loaded.tokenizer).rows}
+    whole = {r.tier: r for r in measure_quality(loaded, [Q4], windows=2, length=48, prefix=24).rows}
+    assert list(combined) == ["native", "llamacpp-f16", "llamacpp-q4_0"] == list(whole)
+    for tier, want in whole.items():
+        got = combined[tier]
+        assert (got.reference, got.archive_bytes, got.windows) == (want.reference, want.archive_bytes, 2), tier
+        assert got.kld == pytest.approx(want.kld, rel=1e-4, abs=1e-9) and got.top1_pct == want.top1_pct, tier
+        assert got.yardstick.kld["p99"] == pytest.approx(want.yardstick.kld["p99"], rel=1e-4, abs=1e-6), tier
 
 
 @installed
