@@ -149,6 +149,8 @@ def test_quality_at_depths_writes_a_row_per_tier_and_depth_and_a_chart_per_metri
 
 
 def test_quality_at_depths_resumes_a_cut_csv_with_the_rows_it_lacked(tmp_path, capsys):
+    from codeckv.measure.depth_job import DepthJob
+
     out = tmp_path / "depth.csv"
     small = ["quality", "--depths", "48", "96", "--windows", "1", "--tiers", "snapkv-50", "--out", str(out),
              "--charts", str(tmp_path / "charts")]
@@ -159,11 +161,13 @@ def test_quality_at_depths_resumes_a_cut_csv_with_the_rows_it_lacked(tmp_path, c
     assert out.read_text().splitlines() == whole, "depth 96 measured again, to the same rows; depth 48 kept"
     assert main([*small, "--update", "--windows", "2"]) == 1
     assert "measured with windows 1, not 2" in capsys.readouterr().err
-    assert main([*small, "--update", "--tiers", "snapkv-50", "int8"]) == 0
     with out.open() as f:
-        cells = [(row["prefix_tokens"], row["tier"]) for row in csv.DictReader(f)]
-    assert cells == [(depth, tier) for depth in ("48", "96") for tier in ("native", "snapkv-50", "int8")]
-    assert set(whole) <= set(out.read_text().splitlines()), "--update adds a tier to each depth, keeping its rows"
+        kept = list(csv.DictReader(f))
+    grown = DepthJob("smollm2-135m", ["snapkv-50", "int8"], depths=[48, 96, 144], windows=1)
+    assert grown.cells(kept[:-1]) == [{"prefix_tokens": 48, "tiers": ["int8"]},
+                                      {"prefix_tokens": 96, "tiers": ["snapkv-50", "int8"]},
+                                      {"prefix_tokens": 144, "tiers": ["native", "snapkv-50", "int8"]}], \
+        "--update measures the tiers and depths a CSV lacks, and a depth's rows a kill cut short"
     assert main(["quality", "--ray", "--shared-prefill", "--tiers", "int8"]) == 1  # windows on the grid: lockstep
     assert "--ray feeds each window in lockstep" in capsys.readouterr().err
 
