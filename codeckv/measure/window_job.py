@@ -120,9 +120,9 @@ class WindowJob:
 
         def rows(cell: Cell) -> list[Row]:
             wanted = cell["tiers"]
-            run = measure_quality(loaded, [runs[name] for name in wanted if name in runs] or [runs.get(
-                "native") or run_for("native")], self.windows, self.length, self.source, self.text,
-                prefix=self.prefix, press_mode=self.press_mode, window=cell["window"])
+            asked = [runs.get(name) or run_for(name) for name in wanted]  # llama.cpp's f16 alone, too
+            run = measure_quality(loaded, asked, self.windows, self.length, self.source, self.text,
+                                  prefix=self.prefix, press_mode=self.press_mode, window=cell["window"])
             scores = {**run.scores, **(run.llamacpp.scores if run.llamacpp else {})}
             out = []
             for row in as_dicts(run.rows):
