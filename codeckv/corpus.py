@@ -14,6 +14,7 @@ the corpus and the Bible's New Testament (bible_held_out_text); the docstrings i
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -110,6 +111,12 @@ def source_text(source: str) -> str:
     if source not in SOURCES:
         raise ValueError(f"unknown text source {source!r} (allowed: {', '.join(SOURCES)})")
     return SOURCES[source]()
+
+
+def text_digest(text: str | None) -> str:
+    """A user's text, named in a CSV row (16 hex digits of its SHA-256): a resumed grid refuses another file's
+    rows. "" for the named sources, whose `source` names them."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16] if text is not None else ""
 
 
 def leading_tokens(tokenizer: PreTrainedTokenizerBase, text: str, count: int) -> torch.Tensor:

@@ -83,8 +83,8 @@ def kept_rows(job: Job, out: Path, update: bool) -> list[Row]:
     drop_partial_line(out)
     kept = read_rows(out)
     for row in kept:
-        for column in job.same:
-            if str(row.get(column)) != str(getattr(job, column)):
+        for column in job.same:  # a CSV written before a column existed is not refused for lacking it
+            if column in row and str(row[column]) != str(getattr(job, column)):
                 raise ValueError(f"{out} was measured with {column} {row.get(column)}, not {getattr(job, column)}: "
                                  "update a CSV measured the same way, or write a new one")
     return kept

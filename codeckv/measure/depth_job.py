@@ -31,7 +31,13 @@ class DepthJob:
     pca_bits: list[float] = field(default_factory=list)  # PCA tiers at these bits per element too
     name: str = "quality at depth"
     key: tuple[str, ...] = ("prefix_tokens",)
-    same: tuple[str, ...] = ("source", "windows")
+    same: tuple[str, ...] = ("source", "text_digest", "windows")
+
+    @property
+    def text_digest(self) -> str:
+        from codeckv.corpus import text_digest
+
+        return text_digest(self.text)
 
     def order(self) -> list[tuple]:
         return [(str(depth),) for depth in self.depths]
@@ -63,7 +69,8 @@ class DepthJob:
             depth, wanted = cell["prefix_tokens"], cell["tiers"]
             run = shared_quality(loaded, [tiers[name] for name in wanted if name in tiers] or [get_tier("native")],
                                  self.windows, depth + DEPTH_SCORED, depth, self.source, self.text)
-            return [{column: counts_text(value) if isinstance(value, dict) else value for column, value in row.items()}
+            return [{**{column: counts_text(value) if isinstance(value, dict) else value
+                        for column, value in row.items()}, "text_digest": self.text_digest}
                     for row in as_dicts(run.rows) if row["tier"] in wanted]
 
         return rows

@@ -17,12 +17,12 @@ against a native run of its own; a CSV measured with other tiers, text, windows 
 from __future__ import annotations
 
 import base64
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from codeckv.corpus import text_digest
 from codeckv.grid.job import Cell, CellWorker, Row
 
 POSITION_COLUMNS = {"nll_positions": "<f4", "kld_positions": "<f4", "top1_positions": "u1"}
@@ -62,7 +62,7 @@ class WindowJob:
 
     @property
     def text_digest(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()[:16] if self.text is not None else ""
+        return text_digest(self.text)
 
     @property
     def tokens_per_window(self) -> int:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from codeckv.grid import Local, run_grid
-from codeckv.grid.runner import read_rows
+from codeckv.grid.runner import read_rows, write_rows
 
 
 @dataclass
@@ -80,6 +80,10 @@ def test_update_refuses_a_csv_measured_another_way(tmp_path):
     with pytest.raises(ValueError, match="measured with seed 0, not 7"):
         run_grid(Squares(3, seed=7), out, Local(), update=True)
     assert len(read_rows(out)) == 4, "a refused update leaves the CSV as it was"
+    older = tmp_path / "older.csv"  # written before the job had its seed column
+    write_rows([{k: v for k, v in row.items() if k != "seed"} for row in read_rows(out)], older)
+    run_grid(Squares(3, seed=7), older, Local(), update=True)
+    assert [row["seed"] for row in read_rows(older)] == ["", "", "", "", "7", "7"], "not refused for lacking it"
 
 
 def test_an_interrupt_keeps_every_finished_cell_and_update_resumes(tmp_path, capsys):

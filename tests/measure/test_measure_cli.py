@@ -149,6 +149,8 @@ def test_quality_at_depths_writes_a_row_per_tier_and_depth_and_a_chart_per_metri
 
 
 def test_quality_at_depths_resumes_a_cut_csv_with_the_rows_it_lacked(tmp_path, capsys):
+    from codeckv.corpus import text_digest
+    from codeckv.grid.runner import kept_rows, write_rows
     from codeckv.measure.depth_job import DepthJob
 
     out = tmp_path / "depth.csv"
@@ -168,6 +170,11 @@ def test_quality_at_depths_resumes_a_cut_csv_with_the_rows_it_lacked(tmp_path, c
                                       {"prefix_tokens": 96, "tiers": ["snapkv-50", "int8"]},
                                       {"prefix_tokens": 144, "tiers": ["native", "snapkv-50", "int8"]}], \
         "--update measures the tiers and depths a CSV lacks, and a depth's rows a kill cut short"
+    assert {row["text_digest"] for row in kept} == {""}, "a named source: its name says which text"
+    texts = tmp_path / "texts.csv"
+    write_rows([{**kept[0], "source": "text", "text_digest": text_digest("one file")}], texts)
+    with pytest.raises(ValueError, match="measured with text_digest"):
+        kept_rows(DepthJob("smollm2-135m", ["snapkv-50"], [48], 1, "text", "another file"), texts, update=True)
     assert main(["quality", "--ray", "--shared-prefill", "--tiers", "int8"]) == 1  # windows on the grid: lockstep
     assert "--ray feeds each window in lockstep" in capsys.readouterr().err
 
