@@ -150,10 +150,10 @@ def _on_the_grid(args, model: str, tiers, text, out: Path):
     job = WindowJob(model, [t.name for t in tiers], args.windows, args.length, args.prefix or (args.length + 1) // 2,
                     source, text, args.press_mode, args.pca_bits)
     tokenizer = model_tokenizer(model)
-    job.reference_windows(tokenizer)  # a text too short for the windows is refused here, not in every worker
+    windows = job.reference_windows(tokenizer)  # a text too short for them is refused here, not in every worker
     windows_csv = out.with_name(f"{out.stem}-windows.csv")
     rows = run_grid(job, windows_csv, grid_backend(args), args.update)
-    return job.combine(rows, tokenizer), windows_csv
+    return job.combine(rows, windows, tokenizer), windows_csv
 
 
 def _at_depths(args, tiers, text) -> None:

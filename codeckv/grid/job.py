@@ -32,3 +32,15 @@ class Job(Protocol):
 def key_of(job: Job, row_or_cell: dict) -> tuple:
     """The cell a row or cell belongs to, as text (rows read back from a CSV are text)."""
     return tuple(str(row_or_cell[column]) for column in job.key)
+
+
+def lacking(job: Job, kept: list[Row], names: list[str]) -> list[tuple[tuple, list[str]]]:
+    """Each cell key of the grid's order whose kept rows lack some of the tier `names`, with those it lacks in their
+    order: all of them for a cell not measured yet, the rest for one a kill cut short or a run of fewer tiers left."""
+    have = {(key_of(job, row), row["tier"]) for row in kept}
+    cells = []
+    for key in job.order():
+        missing = [name for name in names if (key, name) not in have]
+        if missing:
+            cells.append((key, missing))
+    return cells

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from codeckv.grid.job import Cell, CellWorker, Row
+from codeckv.grid.job import Cell, CellWorker, Row, lacking
 
 DEPTH_SCORED = 256  # tokens scored after each compressed prefix
 
@@ -47,13 +47,7 @@ class DepthJob:
         before did not have (measured from a native prefill of their own, the same computation as native's rows
         already kept). Rows of tiers not asked for stay."""
         names = list(dict.fromkeys(["native", *self.tiers, *(f"pca-{bits:g}b" for bits in self.pca_bits)]))
-        have = {(str(row["prefix_tokens"]), row["tier"]) for row in kept}
-        cells = []
-        for (depth,) in self.order():
-            missing = [name for name in names if (depth, name) not in have]
-            if missing:
-                cells.append({"prefix_tokens": int(depth), "tiers": missing})
-        return cells
+        return [{"prefix_tokens": int(depth), "tiers": missing} for (depth,), missing in lacking(self, kept, names)]
 
     def open(self) -> CellWorker:
         from codeckv.measure.quality import as_dicts

@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
-from codeckv.grid.job import Cell, CellWorker, Row
+from codeckv.grid.job import Cell, CellWorker, Row, lacking
 
 
 @dataclass
@@ -42,13 +42,7 @@ class ReasoningJob:
         return [(str(index),) for index in range(self.samples)]
 
     def cells(self, kept: list[Row]) -> list[Cell]:
-        have = {(str(row["index"]), row["tier"]) for row in kept}
-        cells = []
-        for (index,) in self.order():
-            missing = [name for name in self.names() if (index, name) not in have]
-            if missing:
-                cells.append({"index": int(index), "tiers": missing})
-        return cells
+        return [{"index": int(index), "tiers": missing} for (index,), missing in lacking(self, kept, self.names())]
 
     def open(self) -> CellWorker:
         from codeckv.measure.peers import run_for

@@ -14,7 +14,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
-from codeckv.grid.job import Cell, CellWorker, Row
+from codeckv.grid.job import Cell, CellWorker, Row, lacking
 from codeckv.measure.long_tasks.haystack import DEFAULT_HAYSTACK
 
 
@@ -43,13 +43,8 @@ class RulerJob:
                 for index in range(self.samples)]
 
     def cells(self, kept: list[Row]) -> list[Cell]:
-        have = {(row["task"], str(row["length"]), str(row["sample"]), row["tier"]) for row in kept}
-        cells = []
-        for task, length, index in self.order():
-            missing = [name for name in self.names() if (task, length, index, name) not in have]
-            if missing:
-                cells.append({"task": task, "length": int(length), "sample": int(index), "tiers": missing})
-        return cells
+        return [{"task": task, "length": int(length), "sample": int(index), "tiers": missing}
+                for (task, length, index), missing in lacking(self, kept, self.names())]
 
     def open(self) -> CellWorker:
         from codeckv.measure.peers import run_for

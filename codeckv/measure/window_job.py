@@ -2,7 +2,7 @@
 
     job = WindowJob("smollm2-135m", ["int8", "turbo-4"], windows=8, length=512)
     rows = run_grid(job, Path("out/quality-smollm2-135m-windows.csv"), Ray())   # a row per window and tier
-    run = job.combine(rows, model_tokenizer("smollm2-135m"))    # the QualityRun `quality` tabulates and charts
+    run = job.combine(rows, job.reference_windows(tokenizer), tokenizer)    # what `quality` tabulates and charts
 
 A cell is measure_quality's run on one of the consecutive windows (its `window`), so a cluster measures windows side
 by side. Its rows are that run's rows (bytes, this window's KLD, top-1 and NLL) with the window's per-position NLL,
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from codeckv.corpus import text_digest
-from codeckv.grid.job import Cell, CellWorker, Row
+from codeckv.grid.job import Cell, CellWorker, Row, lacking
 
 POSITION_COLUMNS = {"nll_positions": "<f4", "kld_positions": "<f4", "top1_positions": "u1"}
 
@@ -97,15 +97,7 @@ class WindowJob:
 
     def cells(self, kept: list[Row]) -> list[Cell]:
         """Each window the CSV lacks, with the tiers it lacks (every one unless a kill cut its rows short)."""
-        have: dict[str, set[str]] = {}
-        for row in kept:
-            have.setdefault(str(row["window"]), set()).add(row["tier"])
-        cells = []
-        for (window,) in self.order():
-            missing = [name for name in self.names() if name not in have.get(window, set())]
-            if missing:
-                cells.append({"window": int(window), "tiers": missing})
-        return cells
+        return [{"window": int(window), "tiers": missing} for (window,), missing in lacking(self, kept, self.names())]
 
     def open(self) -> CellWorker:
         from codeckv.measure.peers import run_for
@@ -149,14 +141,14 @@ class WindowJob:
         return text_windows(tokenizer, self.text if self.text is not None else source_text(self.source),
                             self.windows, self.length + 1, where)
 
-    def combine(self, rows: list[Row], tokenizer):
-        """Every window's rows (read back as text) -> the QualityRun a serial run over the same windows gives: a row
-        per tier with its means, spread and yardstick over all windows (module docstring)."""
+    def combine(self, rows: list[Row], windows: torch.Tensor, tokenizer):
+        """Every window's rows (read back as text) and the windows' ids (reference_windows) -> the QualityRun a serial
+        run over the same windows gives: a row per tier with its means, spread and yardstick over all windows
+        (module docstring)."""
         from codeckv.measure.llamacpp import LLAMACPP_REFERENCE
         from codeckv.measure.lockstep import Reference, Scores
         from codeckv.measure.quality import LLAMACPP_REFERENCE_LABEL, QualityRun, combined_row
 
-        data = self.reference_windows(tokenizer)
         by_tier: dict[str, dict[int, Row]] = {}
         absent: dict[str, str] = {}
         for row in rows:
@@ -164,20 +156,17 @@ class WindowJob:
                 absent[row["tier"]] = row["absent"]
             else:
                 by_tier.setdefault(row["tier"], {})[int(row["window"])] = row
-        scores = {tier: Scores(*(torch.stack([decoded(windows[w][column], dtype) for w in range(self.windows)])
+        scores = {tier: Scores(*(torch.stack([decoded(cells[w][column], dtype) for w in range(self.windows)])
                                  for column, dtype in POSITION_COLUMNS.items()))
-                  for tier, windows in by_tier.items()}
+                  for tier, cells in by_tier.items()}
         references = {"native": "native", LLAMACPP_REFERENCE_LABEL: LLAMACPP_REFERENCE.name}
-        reference = {label: Reference(data, self.prefix, torch.empty(0), scores[tier].nll)
+        reference = {label: Reference(windows, self.prefix, torch.empty(0), scores[tier].nll)
                      for label, tier in references.items() if tier in scores}  # logprobs: no table reads them
-        table = [combined_row([windows[w] for w in range(self.windows)], reference, scores[tier])
-                 for tier, windows in sorted(by_tier.items(), key=self._rank)]
+        names = self.names()
+        order = sorted(by_tier, key=lambda tier: names.index(tier) if tier in names else len(names))
+        table = [combined_row([by_tier[tier][w] for w in range(self.windows)], reference, scores[tier])
+                 for tier in order]
         tokens = [tokenizer.decode([t]) for t in reference["native"].targets[0].tolist()]
         llama_labels = {row.tier for row in table if row.reference == LLAMACPP_REFERENCE_LABEL}
         return QualityRun(table, reference["native"], {t: s for t, s in scores.items() if t not in llama_labels},
                           tokens, list(absent.values()))
-
-    def _rank(self, item) -> int:
-        names = self.names()
-        return names.index(item[0]) if item[0] in names else len(names)
-

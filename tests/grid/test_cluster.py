@@ -212,7 +212,8 @@ def test_quality_over_windows_on_two_nodes_gives_the_serial_rows_and_the_command
     run_grid(job, tmp_path / "serial.csv", Local(threads=1))
     run_grid(job, tmp_path / "cluster.csv", Ray(cluster.address, threads=1))
     assert _measured(tmp_path / "cluster.csv") == _measured(tmp_path / "serial.csv")
-    table = job.combine(read_rows(tmp_path / "serial.csv"), model_tokenizer(tiny_model))
+    tokenizer = model_tokenizer(tiny_model)
+    table = job.combine(read_rows(tmp_path / "serial.csv"), job.reference_windows(tokenizer), tokenizer)
     write_csv(as_dicts(table.rows), tmp_path / "want.csv")
     lines = (tmp_path / "serial.csv").read_text().splitlines()
     windows = tmp_path / "q-windows.csv"

@@ -46,14 +46,17 @@ def test_llamacpp_rows_combine_over_windows_measured_apart(loaded, tmp_path):
     from codeckv.measure.window_job import WindowJob
 
     job = WindowJob(loaded.info.name, ["llamacpp-q4_0"], windows=2, length=48, prefix=24)
-    combined = {r.tier: r for r in job.combine(run_grid(job, tmp_path / "w.csv", Local(1)), loaded.tokenizer).rows}
+    rows = run_grid(job, tmp_path / "w.csv", Local(1))
+    combined = {r.tier: r for r in job.combine(rows, job.reference_windows(loaded.tokenizer), loaded.tokenizer).rows}
     whole = {r.tier: r for r in measure_quality(loaded, [Q4], windows=2, length=48, prefix=24).rows}
     assert list(combined) == ["native", "llamacpp-f16", "llamacpp-q4_0"] == list(whole)
     for tier, want in whole.items():
         got = combined[tier]
         assert (got.reference, got.archive_bytes, got.windows) == (want.reference, want.archive_bytes, 2), tier
-        assert got.kld == pytest.approx(want.kld, rel=1e-4, abs=1e-9) and got.top1_pct == want.top1_pct, tier
-        assert got.yardstick.kld["p99"] == pytest.approx(want.yardstick.kld["p99"], rel=1e-4, abs=1e-6), tier
+        # the bounds of a cache fed alone vs in a batch (tests/measure/test_quality.py, docs/testing.md)
+        assert got.kld == pytest.approx(want.kld, rel=1e-4, abs=1e-9), tier
+        assert got.top1_pct == pytest.approx(want.top1_pct, abs=100.0 / (2 * 24) + 1e-9), "a near-tie may flip"
+        assert got.yardstick.kld["p99"] == pytest.approx(want.yardstick.kld["p99"], rel=1e-4, abs=5e-6), tier
 
 
 @installed

@@ -124,7 +124,8 @@ def test_windows_measured_one_at_a_time_combine_into_the_table_of_one_batch(load
     run_grid(job, out, Local(threads=1))
     assert [(row["window"], row["tier"]) for row in read_rows(out)] == [
         (str(w), tier) for w in range(3) for tier in ("native", "int8", "snapkv-50")]
-    combined = {row.tier: row for row in job.combine(read_rows(out), loaded.tokenizer).rows}
+    windows = job.reference_windows(loaded.tokenizer)
+    combined = {row.tier: row for row in job.combine(read_rows(out), windows, loaded.tokenizer).rows}
     batch = measure_quality(loaded, [TIERS["int8"], TIERS["snapkv-50"]], windows=3, length=64, prefix=32).rows
     assert list(combined) == [row.tier for row in batch]
     one_position = 100.0 / (3 * 32)
@@ -137,7 +138,7 @@ def test_windows_measured_one_at_a_time_combine_into_the_table_of_one_batch(load
         # a window's mean KLD moves by at most a position's: 5e-6, the bound of a cache alone vs stacked (testing.md)
         assert got.kld_se == pytest.approx(want.kld_se, rel=SPLIT_KLD_REL, abs=5e-6), want.tier
         for name, value in want.yardstick.kld.items():
-            assert got.yardstick.kld[name] == pytest.approx(value, rel=SPLIT_KLD_REL, abs=1e-6), name
+            assert got.yardstick.kld[name] == pytest.approx(value, rel=SPLIT_KLD_REL, abs=5e-6), name  # a position's
         for name, value in want.yardstick.dp.items():
             assert got.yardstick.dp[name] == pytest.approx(value, abs=1e-4), name
         assert got.delta_nll_pct == pytest.approx(want.delta_nll_pct, abs=SPLIT_DELTA_NLL_POINTS), want.tier
