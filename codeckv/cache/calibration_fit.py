@@ -411,12 +411,13 @@ def _class_counts(y: torch.Tensor, step: float, limit: int = 255) -> tuple[torch
     scale = y.abs().mean(0).clamp_min(1e-30) / step  # (r,) mean |y| in steps
     base = torch.round(RUNGS_PER_OCTAVE * torch.log2(scale)).long()
     classes = base - base.min() + max(LADDER)  # every rung's class (classes - rung) is >= 0
-    count = int(classes.max()) - min(LADDER) + 1
-    width = 2 * limit + 3
+    count, width = int(classes.max()) - min(LADDER) + 1, 2 * limit + 3
     counts = torch.zeros(len(LADDER), count * width, dtype=torch.long)
+    q = torch.empty_like(y)  # ecsq's codes, clamped and offset to their class's bins in place (in floats: exact)
     for j, (shift, rung_step) in enumerate(zip(LADDER, ladder_steps(step).tolist())):
-        q = ecsq(y, rung_step).clamp_(-limit - 1, limit + 1).long() + limit + 1
-        counts[j] = torch.bincount((q + (classes - shift) * width).reshape(-1), minlength=count * width)
+        bins = ((classes - shift) * width + limit + 1).to(y.dtype)
+        torch.div(y, rung_step, out=q).round_().clamp_(-limit - 1, limit + 1).add_(bins)
+        counts[j] = torch.bincount(q.to(torch.int32).reshape(-1), minlength=count * width)
     return classes, counts.view(len(LADDER), count, width)
 
 
