@@ -28,7 +28,7 @@ from codeckv.serve.inputs import (
     TEXT_FILE_TYPES,
     checked_chat,
 )
-from codeckv.serve.limits import Limits, StopFlag, release_memory
+from codeckv.serve.limits import Limits, StopFlag, keep_out_of_collections, release_memory
 from codeckv.serve.pool import POOL, leased
 from codeckv.serve.preparation import PREPARATION
 from codeckv.serve.reasoning import BOUNDARY_CHOICES
@@ -215,6 +215,8 @@ with gr.Blocks(title="KV Codec Studio") as demo:
         panel.clear(clear_chat, session, cleared, cancels=turns, api_name=False)
     for button in stops:
         button.click(request_stop, stop_flag, None, queue=False, api_name=False)
+
+keep_out_of_collections()  # what was imported and built above lives as long as the app
 
 if __name__ == "__main__":
     PREPARATION.start(MODELS[0])  # in the background: the first visitor of a PCA tier does not wait on it alone
