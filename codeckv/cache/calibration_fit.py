@@ -413,7 +413,7 @@ def _class_counts(y: torch.Tensor, step: float, limit: int = 255) -> tuple[torch
     classes = base - base.min() + max(LADDER)  # every rung's class (classes - rung) is >= 0
     count, width = int(classes.max()) - min(LADDER) + 1, 2 * limit + 3
     counts = torch.zeros(len(LADDER), count * width, dtype=torch.long)
-    q = torch.empty_like(y)  # ecsq's codes, clamped and offset to their class's bins in place (in floats: exact)
+    q = torch.empty_like(y)  # ecsq(y, rung_step) done in place, clamped and offset to its class's bins (floats: exact)
     for j, (shift, rung_step) in enumerate(zip(LADDER, ladder_steps(step).tolist())):
         bins = ((classes - shift) * width + limit + 1).to(y.dtype)
         torch.div(y, rung_step, out=q).round_().clamp_(-limit - 1, limit + 1).add_(bins)

@@ -21,7 +21,7 @@ from tests.figure_layout import CHROMIUM, FLAGS, figure_layout_problems
 playwright = pytest.importorskip("playwright.sync_api")
 SHOTS = Path(__file__).resolve().parents[2] / "assets" / "screenshots"
 SWEPT = ("png", "int8", "rotated-4", "turbo-4", "jpeg-k2")  # a spread of the frontier, in CI-sized time
-# native and these 5 tiers (the peers unchecked) x 2 windows x 64 scored steps: about 30 s alone. Beside a Qwen
+# native and these 5 tiers (the peers unchecked) x 2 windows x 64 scored steps: 31 s in the full suite. Beside a Qwen
 # quality run, 9 caches (the installed peers left checked) once reached step 220 of 256 in 901 s; the deadline leaves
 # room for a busy machine, and the app's server budget is longer still (tests/app/conftest.py): no race with it.
 SWEEP_SECONDS = 1800

@@ -6,9 +6,10 @@ states (measured by scripts/first_use.py: assets/first-use-smollm2-135m.csv).
 
 The app under test calibrates its PCA tiers on 8 of their 32 windows (SHORT_CALIBRATION): the same pass over a
 quarter of the text (its forward and backward 66 s instead of 214 s on the test's one thread; the test 131 s instead
-of 300 s). What the pass holds at once is one window's activations and the rows sampled so far, so its peak is the
-full pass's less three quarters of those rows (about 140 of 1,956 MiB for smollm2-135m): the 4 GiB bound checks the
-same thing. The full pass's own peak is measured by `codeckv
+of 300 s). What the pass holds at once is one window's activations and the rows sampled so far (smollm2-135m at 32
+windows: 32 x 127 positions x 30 layers x 384 floats, 179 MiB, and their projections as much again while the tiers
+are fitted), so its peak is the full pass's less at most three quarters of those (268 MiB, computed, of the 1,956 MiB
+scripts/first_use.py measured): the 4 GiB bound checks the same thing. The full pass's own peak is measured by `codeckv
 calibrate` (tests/cache/test_calibration.py) and scripts/first_use.py."""
 
 import dataclasses
