@@ -70,18 +70,21 @@ fi
 # libraries llama_cpp loads are built (no llava / mtmd, no tools, tests or examples, no HTTPS); -march=native
 # unless GGML_NATIVE=OFF, since it runs on the machine that built it. Its own stamp: the pin and the flags, so
 # an edit elsewhere in this script does not rebuild it. --dev builds it too: tests/measure/test_llamacpp*.py run it.
+# Without AMX (-mno-amx-*, which -march=native does not undo): on an Intel Xeon with AMX here, ggml's AMX matmul
+# segfaulted in the first llama_decode of every peer (ggml-org/llama.cpp#20824, closed unfixed); the AVX-512 path runs.
 LLAMACPP=llama-cpp-python==0.3.36
 if [ "$llamacpp" = 1 ] || [ "$dev" = 1 ]; then
   flags="-DGGML_NATIVE=${GGML_NATIVE:-ON} -DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF"
   flags+=" -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF"
-  stamp="$VENV/.setup-llamacpp" want="$LLAMACPP $flags"
+  no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  stamp="$VENV/.setup-llamacpp" want="$LLAMACPP $flags CFLAGS=$no_amx"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$PY" -c "import llama_cpp" 2>/dev/null; then
     echo "setup: building $LLAMACPP from source ($flags) ..."
     start=$(date +%s)
     if "$PY" -m pip show -q llama-cpp-python 2>/dev/null; then  # a build with other flags: replace it
       "$PY" -m pip uninstall --disable-pip-version-check -q -y llama-cpp-python
     fi
-    CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "${PIP[@]}" --no-cache-dir --no-binary llama-cpp-python \
+    CFLAGS="$no_amx" CXXFLAGS="$no_amx" CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "${PIP[@]}" --no-cache-dir --no-binary llama-cpp-python \
       "$LLAMACPP" 2> >(grep -v "is ignored: it is neither" >&2)
     echo "setup: built $LLAMACPP in $(( $(date +%s) - start )) s"
     echo "$want" > "$stamp"
