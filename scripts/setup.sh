@@ -64,6 +64,12 @@ fi
 # The tests measure the peers present and hidden, so --dev installs them (codeckv/measure/peers.py).
 if [ "$peers" = 1 ] || [ "$dev" = 1 ]; then
   DISABLE_CUDA=1 install_once peers requirements-peers.txt -- -r requirements-peers.txt  # hqq: no CUDA kernels
+  # optimum-quanto compiles its C++ unpack extension where it is first used (about 30 s on 2 cores): here, once
+  if ! ls "$VENV"/lib/python3*/site-packages/optimum/quanto/library/extensions/cpp/build/pytorch_version.txt \
+      >/dev/null 2>&1; then
+    echo "setup: compiling optimum-quanto's C++ extension ..."
+    "$PY" -c "from optimum.quanto.library.extensions import get_extension; get_extension('quanto_cpp').lib"
+  fi
 fi
 
 # llama.cpp's KV-cache types as peers: an sdist compiled here (about 10 minutes on 2 cores). Only the shared
