@@ -38,11 +38,14 @@ MOE = {"num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_exp
 WINDOW = 40  # the sliding window of the tiny sliding-window models: shorter than PROMPT, longer than a unit
 MLA = {"q_lora_rank": 32, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
        "num_key_value_heads": 4, "head_dim": None, "n_group": 1, "topk_group": 1}
+MAMBA2 = {"mamba_d_head": 32, "mamba_n_heads": 8, "mamba_d_state": 16}  # the defaults' state of 256 is not tiny
+LINEAR = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+          "linear_value_head_dim": 32}  # Qwen3-Next's gated delta-net layers at 16 x 128 keys otherwise
 
 # family -> the config fields it needs beyond TINY (None removes a TINY field the family does not take)
 FAMILIES: dict[str, dict] = {
     "llama": {}, "mistral": {"sliding_window": WINDOW}, "mixtral": {"sliding_window": None}, "qwen2": {},
-    "qwen2_moe": {}, "qwen3": {}, "qwen3_moe": {}, "qwen3_next": {}, "phi": {}, "phi3": {}, "gemma": {},
+    "qwen2_moe": {}, "qwen3": {}, "qwen3_moe": {}, "qwen3_next": LINEAR, "phi": {}, "phi3": {}, "gemma": {},
     "gemma2": {"sliding_window": WINDOW}, "gemma3_text": {"sliding_window": WINDOW, "layer_types": None},
     "cohere": {}, "cohere2": {"sliding_window": WINDOW}, "olmo2": {}, "olmo3": {"sliding_window": WINDOW},
     "granite": {}, "gpt_neox": {}, "stablelm": {}, "gpt2": {}, "starcoder2": {"sliding_window": None},
@@ -51,10 +54,10 @@ FAMILIES: dict[str, dict] = {
     "gpt_oss": {"sliding_window": WINDOW}, "smollm3": {}, "glm4": {}, "exaone4": {"sliding_window": WINDOW},
     "llama4_text": {"attention_chunk_size": WINDOW}, "bloom": {}, "opt": {"ffn_dim": 96}, "gptj": {"rotary_dim": 16},
     "gpt_bigcode": {}, "mpt": {}, "internlm3": {}, "helium": {}, "persimmon": {}, "lfm2": {},
-    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
-    "bamba": {"attn_layer_indices": [1, 3], "mamba_d_head": 32, "mamba_n_heads": 8},
-    "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba", "attention"], "mamba_d_head": 32,
-                         "mamba_n_heads": 8},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+              "mamba_dt_rank": 8},
+    "bamba": {"attn_layer_indices": [1, 3], **MAMBA2},
+    "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba", "attention"], **MAMBA2},
     "recurrent_gemma": {"attention_window_size": WINDOW, "block_types": ["recurrent", "attention"]},
 }
 PROMPT, NEW = 72, 10  # tokens prompted and generated: past a window, several archive units
