@@ -242,7 +242,7 @@ def _without_weights(name: str | None, auto, marker: str, what: str):
     try:
         return auto.from_pretrained(name)
     except OSError as err:
-        raise ModelUnavailableError(f"cannot read the {what} of '{name}': {_first_line(err)}") from err
+        raise ModelUnavailableError(f"cannot read the {what} of '{name}': {_not_cached(err)}") from err
 
 
 def _load_embedded(spec: EmbeddedModel, dtype: torch.dtype):
@@ -287,14 +287,17 @@ def _load_hub(hub_id: str, dtype: torch.dtype) -> PreTrainedModel:
     try:
         return AutoModelForCausalLM.from_pretrained(hub_id, dtype=dtype)
     except OSError as err:
-        if hub_offline():
-            why = "the hub is offline (HF_HUB_OFFLINE=1) and it is not in the local HF cache"
-        else:
-            why = f"it is not in the local HF cache and the hub did not provide it ({_first_line(err)})"
         raise ModelUnavailableError(
-            f"cannot load hub model '{hub_id}': {why}. Use an embedded model ({', '.join(EMBEDDED)}) "
+            f"cannot load hub model '{hub_id}': {_not_cached(err)}. Use an embedded model ({', '.join(EMBEDDED)}) "
             "or run once with network access so it is cached."
         ) from err
+
+
+def _not_cached(err: OSError) -> str:
+    """Why a hub model's files could not be read: the hub switched off, or what the hub said."""
+    if hub_offline():
+        return "the hub is offline (HF_HUB_OFFLINE=1) and it is not in the local HF cache"
+    return f"it is not in the local HF cache and the hub did not provide it ({_first_line(err)})"
 
 
 def _first_line(err: Exception) -> str:

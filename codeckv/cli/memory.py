@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from codeckv.cli.common import file_stem, write_figures
+from codeckv.cli.common import file_stem, model_context, write_figures
 from codeckv.cli.types import positive, tier_name
 
 NAME = "memory"
@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> None:
     from codeckv.measure.table import format_table, write_csv
     from codeckv.tiers import TIERS, get_tier
 
+    model_context(args)  # a model that cannot load is refused here, from its config, before a row's process starts
     names = [name for name in args.tiers if name != ALL] + (list(TIERS) if ALL in args.tiers else [])
     tiers = [get_tier(name) for name in dict.fromkeys(["native", *names])]
     plan = [(t, m, c) for c in args.contexts for t in tiers for m in _chosen(modes_of(t), args.modes)]
