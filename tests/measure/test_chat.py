@@ -15,8 +15,10 @@ import torch
 from codeckv.cache import calibration
 from codeckv.cache.calibration import Deferred
 from codeckv.loaded import LoadedModel
+from codeckv.measure import side_by_side
 from codeckv.measure.chat import ChatSession, common_prefix
-from codeckv.measure.side_by_side import Run, stream_turn
+from codeckv.measure.generate import next_logits, stop_token_ids
+from codeckv.measure.side_by_side import Run, prompt_ids, stream_turn
 from codeckv.models import _describe
 from codeckv.serve.limits import Limits
 from codeckv.tiers import TIERS, get_tier
@@ -121,3 +123,35 @@ def test_a_turn_scores_the_codec_along_its_own_reply_as_well_as_along_natives(lo
         assert abs(own - on_native) <= max(0.05 * on_native, 1e-4)
     lossless = _ask(ChatSession(), loaded, "Name three colours of the rainbow.", tier="png", tokens=16)
     assert lossless.own_kld < 1e-5 and lossless.own_top1_pct == 100.0
+
+
+def test_the_follower_feeds_native_only_where_the_replies_part(loaded, monkeypatch):
+    """Where the codec's reply is native's token for token, native's own log-probs stand for the follower's (the same
+    tokens on the same cache): the scores are those of a follower that feeds every token, within the rounding of one
+    forward over the agreed tokens against one per token, and a lossless tier's follower feeds nothing. The codecs
+    archive from their first unit (a Chat holds a prompt this short raw)."""
+    ids = prompt_ids(loaded, [{"role": "user", "content": "Name three colours of the rainbow."}])
+    stops = stop_token_ids(loaded.tokenizer, loaded.model)
+    held = []
+    real_scores = side_by_side.Follower.scores
+    monkeypatch.setattr(side_by_side.Follower, "scores", lambda self: held.append(self.held) or real_scores(self))
+
+    def own_scores(tier: str):
+        runs = [Run(loaded, "native", get_tier("native")), Run(loaded, tier, get_tier(tier))]
+        *_, last = stream_turn(loaded, runs, ids, 16, stops, follow_own=True)
+        return last.result
+
+    lossless, lazy = own_scores("png"), own_scores("jpeg-k2")
+    assert held == [0, held[1]] and lossless.own_kld == 0.0, "png's reply is native's: nothing fed"
+    assert lazy.first_divergence is not None and held[1] > 0, "jpeg-k2's reply parts from native's"
+
+    def feed_every_token(self, ids):  # the follower before the shortcut
+        self.fed.append(int(ids.reshape(-1)[0]))
+        self.pending = torch.log_softmax(next_logits(self.loaded.model, ids, self.cache)[0], dim=-1).cpu()
+        self.held = len(self.fed)
+
+    monkeypatch.setattr(side_by_side.Follower, "feed", feed_every_token)
+    eager = own_scores("jpeg-k2")
+    assert eager.codec.token_ids == lazy.codec.token_ids and 0 < lazy.first_divergence
+    for position, (a, b) in enumerate(zip(lazy.own_token_kld, eager.own_token_kld, strict=True)):
+        assert abs(a - b) <= max(1e-3 * b, 1e-6), (position, a, b)
