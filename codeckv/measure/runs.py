@@ -106,7 +106,7 @@ class Comparison:
     token_nll_native: list[float] = field(default_factory=list)  # (n,)
     token_nll_codec: list[float] = field(default_factory=list)  # (n,)
     scored_tokens: list[str] = field(default_factory=list)  # (n,) the native reply's tokens, as text
-    # along the codec's own reply (native fed the codec's tokens, measure/side_by_side.py Follower); nan unless asked
+    # along the codec's own reply (native fed the codec's tokens, measure/follower.py); nan unless asked
     own_kld: float = math.nan  # mean KL(native || codec) over the codec reply's positions, nats per token
     own_top1_pct: float = math.nan
     own_token_kld: list[float] = field(default_factory=list)  # (m,) per position of the codec's own reply

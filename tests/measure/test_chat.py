@@ -15,8 +15,8 @@ import torch
 from codeckv.cache import calibration
 from codeckv.cache.calibration import Deferred
 from codeckv.loaded import LoadedModel
-from codeckv.measure import side_by_side
 from codeckv.measure.chat import ChatSession, common_prefix
+from codeckv.measure.follower import Follower
 from codeckv.measure.generate import next_logits, stop_token_ids
 from codeckv.measure.side_by_side import Run, prompt_ids, stream_turn
 from codeckv.models import _describe
@@ -111,7 +111,7 @@ def test_the_largest_allowed_chat_turn_stays_within_its_memory_bound():
 
 
 def test_a_turn_scores_the_codec_along_its_own_reply_as_well_as_along_natives(loaded):
-    """Native fed the codec's own tokens (side_by_side.Follower): one KLD per position of the codec's reply; where
+    """Native fed the codec's own tokens (measure/follower.py): one KLD per position of the codec's reply; where
     the two replies agree token for token, the same positions as the native reply's scoring, so the same KLD within
     the rounding of two code paths; a lossless tier scores 0."""
     session = ChatSession()
@@ -133,8 +133,8 @@ def test_the_follower_feeds_native_only_where_the_replies_part(loaded, monkeypat
     ids = prompt_ids(loaded, [{"role": "user", "content": "Name three colours of the rainbow."}])
     stops = stop_token_ids(loaded.tokenizer, loaded.model)
     held = []
-    real_scores = side_by_side.Follower.scores
-    monkeypatch.setattr(side_by_side.Follower, "scores", lambda self: held.append(self.held) or real_scores(self))
+    real_scores = Follower.scores
+    monkeypatch.setattr(Follower, "scores", lambda self: held.append(self.held) or real_scores(self))
 
     def own_scores(tier: str):
         runs = [Run(loaded, "native", get_tier("native")), Run(loaded, tier, get_tier(tier))]
@@ -150,7 +150,7 @@ def test_the_follower_feeds_native_only_where_the_replies_part(loaded, monkeypat
         self.pending = torch.log_softmax(next_logits(self.loaded.model, ids, self.cache)[0], dim=-1).cpu()
         self.held = len(self.fed)
 
-    monkeypatch.setattr(side_by_side.Follower, "feed", feed_every_token)
+    monkeypatch.setattr(Follower, "feed", feed_every_token)
     eager = own_scores("jpeg-k2")
     assert eager.codec.token_ids == lazy.codec.token_ids and 0 < lazy.first_divergence
     for position, (a, b) in enumerate(zip(lazy.own_token_kld, eager.own_token_kld, strict=True)):
