@@ -34,9 +34,11 @@ class Follower:
 
     def feed(self, ids: torch.Tensor) -> None:
         """Feed the token the run is about to feed: native's prediction of the position after it."""
-        self.fed.append(int(ids.reshape(-1)[0]))
-        if self.held == 0 and self.fed == self.native.token_ids[: len(self.fed)]:  # native has fed them already
-            self.pending = len(self.fed)  # native's log-probs after the same tokens
+        token, position = int(ids.reshape(-1)[0]), len(self.fed)
+        self.fed.append(token)
+        reply = self.native.token_ids  # native has generated this position already (round robin: one step ahead)
+        if self.held == 0 and position < len(reply) and reply[position] == token:  # every earlier token agreed too
+            self.pending = position + 1  # native's log-probs after the same tokens
             return
         catch_up = torch.tensor([self.fed[self.held :]], device=ids.device)
         self.pending = torch.log_softmax(next_logits(self.loaded.model, catch_up, self.cache)[0], dim=-1).cpu()
